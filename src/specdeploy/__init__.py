@@ -1,0 +1,3 @@
+"""specdeploy: deploy and benchmark speculative decoding (DFlash, DDTree) reproducibly."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,33 @@
+"""The specdeploy command line: one Typer app; each command is a thin call into a module."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from specdeploy.errors import SpecdeployError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with status 2 (the convention for usage errors)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def main() -> None:
+    try:
+        app()
+    except SpecdeployError as exc:
+        fail(str(exc))
+
+
+@app.callback()
+def _root() -> None:
+    """Deploy and benchmark speculative decoding (DFlash, DDTree) reproducibly."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
