@@ -1,0 +1,126 @@
+"""LaunchPlan: everything needed to start one inference server, decided before anything is downloaded."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PLAN_SCHEMA = 1
+
+Mode = Literal["ar", "dflash", "ddtree", "eagle3"]
+EngineName = Literal["sglang", "reference"]
+ModelRole = Literal["target", "drafter"]
+Interconnect = Literal["nvlink", "pcie", "none"]
+
+SGLANG_LAUNCH = ("python", "-m", "sglang.launch_server")
+REFERENCE_LAUNCH = ("specdeploy", "serve")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSpec(_Frozen):
+    """Which server runs the plan and exactly how to obtain it."""
+
+    name: EngineName
+    version: str
+    # A pinned container tag (never `latest`); None for the reference engine, which runs in-process.
+    image: str | None
+    # A pip requirement (`sglang==0.5.23`) or `git+URL@COMMIT#subdirectory=...` for unreleased builds.
+    source: str
+    # Shell lines that install `source` into an image or venv; empty when the image already has it.
+    install: list[str] = Field(default_factory=list)
+
+
+class ModelRef(_Frozen):
+    """A checkpoint the server loads: what preflight checks and the weight downloader fetches."""
+
+    role: ModelRole
+    path: str  # Hugging Face repo id, local directory, or `zoo:NAME` for the shipped tiny models
+    revision: str | None  # None means unpinned; every plan then carries a warning saying so
+    gated: bool
+    disk_bytes: int
+    access_url: str | None = None  # where a gated repo's access is requested
+
+
+class GpuRequirement(_Frozen):
+    """The hardware the plan was made for; preflight compares the real machine against it."""
+
+    profile: str
+    gpu_model: str | None  # None for the CPU profile
+    count: int
+    memory_bytes_per_gpu: int
+    compute_capability: str | None  # e.g. "12.0"; None for the CPU profile
+    interconnect: Interconnect
+    nnodes: int = 1
+
+
+class MemoryTable(_Frozen):
+    """Per-GPU memory budget; all sizes in bytes."""
+
+    gpu_memory: int
+    weights_per_gpu: int
+    drafter_per_gpu: int
+    cuda_graph_reserve: int
+    activation_reserve: int
+    kv_bytes_per_token: int
+    kv_budget_per_gpu: int
+    kv_tokens_fit: int
+    mem_fraction_static: float
+
+
+class Reason(_Frozen):
+    """One hardware- or mode-specific choice in the argv/env and why it was made."""
+
+    choice: str  # the flag or variable as it appears, e.g. "--attention-backend triton"
+    why: str
+
+
+class LaunchPlan(_Frozen):
+    """A server launch, fully decided: argv, env, image, memory budget, warnings and the reasons."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    schema_version: int = Field(PLAN_SCHEMA, alias="schema")
+    recipe: str
+    hardware: str
+    mode: Mode
+    budget: int | None = None  # DDTree node budget; None for other modes
+    tp: int
+    engine: EngineSpec
+    argv: list[str]  # starts with `python -m sglang.launch_server` or `specdeploy serve`
+    env: dict[str, str]
+    host: str
+    port: int
+    models: list[ModelRef]
+    gpus: GpuRequirement
+    memory: MemoryTable
+    warnings: list[str]
+    reasons: list[Reason]
+
+    @property
+    def launcher_prefix(self) -> tuple[str, ...]:
+        return SGLANG_LAUNCH if self.engine.name == "sglang" else REFERENCE_LAUNCH
+
+    @property
+    def server_args(self) -> list[str]:
+        """The argv after the launcher (what SGLang's `prepare_server_args` parses)."""
+        return self.argv[len(self.launcher_prefix) :]
+
+    @property
+    def target(self) -> ModelRef:
+        return next(m for m in self.models if m.role == "target")
+
+    @property
+    def drafter(self) -> ModelRef | None:
+        return next((m for m in self.models if m.role == "drafter"), None)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def to_json_dict(self) -> dict:
+        """The `--format json` document (schema 1)."""
+        return self.model_dump(mode="json", by_alias=True)
