@@ -1,0 +1,211 @@
+"""deploy_up / deploy_down: a LaunchPlan to a healthy, smoke-tested, recorded server, and back."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from huggingface_hub import HfApi
+from rich.console import Console
+
+from specdeploy.deploy.hardware import DetectedHardware, detect_hardware
+from specdeploy.deploy.health import probe, wait_for_health
+from specdeploy.deploy.launchers import LauncherName, LaunchHandle, get_launcher
+from specdeploy.deploy.manifest import (
+    DEFAULT_RUNS_ROOT,
+    DeploymentRecord,
+    EngineRecord,
+    Manifest,
+    default_run_dir,
+    git_commit,
+    image_digest,
+    point_latest,
+    read_state,
+    runtime_versions,
+    utc_now,
+    write_manifest,
+    write_state,
+)
+from specdeploy.deploy.preflight import PreflightReport, run_preflight
+from specdeploy.deploy.smoke import SmokeReport, run_smoke_test
+from specdeploy.deploy.weights import fetch_model, model_location
+from specdeploy.plan.launch_plan import LaunchPlan
+
+DEFAULT_HEALTH_TIMEOUT_S = 1800.0  # Kimi K2.6 on 8 GPUs loads ~600 GB of weights and captures CUDA graphs
+DEFAULT_STOP_GRACE_S = 30.0
+
+
+@dataclass
+class Deployment:
+    """A started server: where it runs, how to stop it, and the run directory that records it."""
+
+    run_dir: Path
+    record: DeploymentRecord
+    manifest: Manifest | None = None  # None when loaded from a run directory by a later command
+
+    @property
+    def handle(self) -> LaunchHandle:
+        return self.record.launcher
+
+    @property
+    def url(self) -> str:
+        return self.handle.url
+
+
+@dataclass
+class UpPreview:
+    """What `up` would do (its `--dry-run`): the checks, the downloads and the exact launch command."""
+
+    preflight: PreflightReport
+    downloads: list[str]
+    command: list[str]
+    run_dir: Path
+
+
+def needs_gpus(plan: LaunchPlan) -> bool:
+    return plan.gpus.gpu_model is not None
+
+
+def preview_up(
+    plan: LaunchPlan,
+    launcher: LauncherName,
+    run_dir: Path,
+    hardware: DetectedHardware | None = None,
+    api: HfApi | None = None,
+) -> UpPreview:
+    if needs_gpus(plan) and hardware is None:
+        hardware = detect_hardware()
+    return UpPreview(
+        preflight=run_preflight(plan, hardware, launcher, api=api),
+        downloads=[
+            f"{m.path}@{m.revision or 'main (unpinned)'} ({m.disk_bytes / 1e9:.1f} GB)"
+            for m in plan.models
+            if model_location(m.path) == "hub"
+        ],
+        command=get_launcher(launcher).command(plan, run_dir),
+        run_dir=run_dir,
+    )
+
+
+def _server_info(base_url: str) -> dict | None:
+    try:
+        response = httpx.get(f"{base_url}/server_info", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def deploy_up(
+    plan: LaunchPlan,
+    launcher: LauncherName,
+    run_dir: Path | None = None,
+    *,
+    runs_root: Path = DEFAULT_RUNS_ROOT,
+    hardware: DetectedHardware | None = None,
+    health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S,
+    smoke: bool = True,
+    api: HfApi | None = None,
+    console: Console | None = None,
+) -> Deployment:
+    """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure."""
+    console = console or Console(stderr=True)
+    run_dir = run_dir or default_run_dir(plan, runs_root)
+    if needs_gpus(plan) and hardware is None:
+        hardware = detect_hardware()
+    preflight = run_preflight(plan, hardware, launcher, api=api)
+    preflight.raise_on_failure()
+    weights = {model.path: str(fetch_model(model, console=console)) for model in plan.models}
+
+    chosen = get_launcher(launcher)
+    command = chosen.command(plan, run_dir)
+    started_at = utc_now()
+    start = time.monotonic()
+    handle = chosen.start(plan, run_dir)
+    record = DeploymentRecord(
+        state="starting", recipe=plan.recipe, mode=plan.mode, launcher=handle, updated_at=started_at
+    )
+    write_state(run_dir, record)
+    point_latest(run_dir, runs_root)
+    try:
+        wait_for_health(
+            handle.url,
+            is_alive=lambda: chosen.is_running(handle),
+            log_tail=lambda lines: chosen.tail(handle, lines),
+            timeout_s=health_timeout_s,
+            console=console,
+        )
+        healthy_at = utc_now()
+        startup_s = time.monotonic() - start
+        smoke_report: SmokeReport | None = (
+            run_smoke_test(handle.url, speculative=plan.mode != "ar") if smoke else None
+        )
+    except BaseException as exc:  # includes Ctrl-C: never leave a half-started server holding the GPUs
+        chosen.stop(handle, DEFAULT_STOP_GRACE_S)
+        failed = record.model_copy(update={"state": "failed", "updated_at": utc_now(), "error": str(exc)})
+        write_state(run_dir, failed)
+        raise
+
+    manifest = Manifest(
+        plan=plan.to_json_dict(),
+        git_commit=git_commit(),
+        engine=EngineRecord(
+            name=plan.engine.name,
+            version=plan.engine.version,
+            image=plan.engine.image,
+            image_digest=image_digest(plan.engine.image)
+            if launcher == "docker" and plan.engine.image
+            else None,
+        ),
+        hardware=hardware,
+        launcher=handle,
+        launch_command=command,
+        weights=weights,
+        preflight=preflight.checks,
+        smoke=smoke_report,
+        server_info=_server_info(handle.url),
+        started_at=started_at,
+        healthy_at=healthy_at,
+        startup_s=round(startup_s, 2),
+        **runtime_versions(),
+    )
+    write_manifest(run_dir, manifest)
+    running = record.model_copy(update={"state": "running", "updated_at": utc_now()})
+    write_state(run_dir, running)
+    return Deployment(run_dir=run_dir, record=running, manifest=manifest)
+
+
+def load_deployment(run_dir: Path) -> Deployment:
+    return Deployment(run_dir=run_dir, record=read_state(run_dir))
+
+
+def deploy_down(deployment: Deployment, grace_s: float = DEFAULT_STOP_GRACE_S) -> Deployment:
+    """Stop the server (SIGTERM, then SIGKILL after `grace_s`) and mark the run directory stopped."""
+    get_launcher(deployment.handle.launcher).stop(deployment.handle, grace_s)
+    stopped = deployment.record.model_copy(update={"state": "stopped", "updated_at": utc_now()})
+    write_state(deployment.run_dir, stopped)
+    return Deployment(run_dir=deployment.run_dir, record=stopped, manifest=deployment.manifest)
+
+
+def deployment_status(deployment: Deployment) -> dict:
+    """The `status --json` document: recorded state plus whether the server is alive and healthy now."""
+    launcher = get_launcher(deployment.handle.launcher)
+    alive = launcher.is_running(deployment.handle)
+    healthy = False
+    if alive:
+        with httpx.Client(timeout=10.0) as client:
+            healthy = probe(client, deployment.url, ["/health"])
+    return {
+        "schema": 1,
+        "run_dir": str(deployment.run_dir),
+        "state": deployment.record.state,
+        "recipe": deployment.record.recipe,
+        "mode": deployment.record.mode,
+        "launcher": deployment.handle.model_dump(mode="json"),
+        "url": deployment.url,
+        "alive": alive,
+        "healthy": healthy,
+        "updated_at": deployment.record.updated_at,
+        "error": deployment.record.error,
+    }

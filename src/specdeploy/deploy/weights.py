@@ -1,0 +1,136 @@
+"""Make a plan's checkpoints available locally: Hub downloads (pinned, resumable), local dirs, zoo models."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Literal
+
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from tqdm import tqdm
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan.launch_plan import ModelRef
+
+ModelLocation = Literal["hub", "local", "zoo"]
+ZOO_PREFIX = "zoo:"
+
+
+def model_location(path: str) -> ModelLocation:
+    """`zoo:NAME`, an existing directory or a path-looking string, else a Hub repo id."""
+    if path.startswith(ZOO_PREFIX):
+        return "zoo"
+    if path.startswith(("/", "./", "../", "~")) or Path(path).expanduser().is_dir():
+        return "local"
+    return "hub"
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads (HF_HUB_CACHE, HF_HOME/hub, or ~/.cache/huggingface/hub)."""
+    return Path(constants.HF_HUB_CACHE)
+
+
+def validate_checkpoint_dir(directory: Path) -> Path:
+    """A usable checkpoint directory has a config.json and at least one *.safetensors file."""
+    if not directory.is_dir():
+        raise SpecdeployError(
+            f"checkpoint directory {directory} does not exist: check the path in the recipe"
+        )
+    missing = [
+        what
+        for what, present in (
+            ("config.json", (directory / "config.json").is_file()),
+            ("*.safetensors weights", any(directory.glob("*.safetensors"))),
+        )
+        if not present
+    ]
+    if missing:
+        raise SpecdeployError(
+            f"{directory} is not a Hugging Face checkpoint: no {' and no '.join(missing)}; "
+            "point the recipe at the directory that holds config.json and the safetensors files"
+        )
+    return directory
+
+
+def resolve_zoo_model(path: str) -> Path:
+    """`zoo:NAME` -> the shipped tiny model's directory, through the zoo registry."""
+    name = path.removeprefix(ZOO_PREFIX)
+    try:
+        registry = importlib.import_module("specdeploy.zoo.registry")
+    except ModuleNotFoundError as exc:
+        raise SpecdeployError(
+            f"cannot resolve {path}: this specdeploy has no zoo registry (specdeploy.zoo.registry)"
+        ) from exc
+    return Path(registry.resolve_model_path(name))
+
+
+def rich_tqdm_class(progress: Progress) -> type[tqdm]:
+    """A tqdm class that draws into `progress` (huggingface_hub reports download progress through tqdm)."""
+
+    class RichTqdm(tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            self._task = progress.add_task(kwargs.get("desc") or "download", total=None)
+            super().__init__(*args, **kwargs)
+
+        # tqdm keeps the counts (huggingface_hub even assigns `total` directly); only the drawing is replaced.
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            progress.update(self._task, completed=self.n, total=self.total or None, description=self.desc)
+            return True
+
+    return RichTqdm
+
+
+def download_from_hub(
+    model: ModelRef,
+    cache_dir: Path | None = None,
+    console: Console | None = None,
+    endpoint: str | None = None,
+) -> Path:
+    """snapshot_download at the pinned revision; interrupted downloads resume from the partial files."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        try:
+            directory = snapshot_download(
+                model.path,
+                revision=model.revision,
+                cache_dir=cache_dir,
+                tqdm_class=rich_tqdm_class(progress),
+                endpoint=endpoint,
+            )
+        except HfHubHTTPError as exc:
+            raise SpecdeployError(
+                f"downloading {model.path}@{model.revision or 'main'} failed: {exc}; "
+                "run `specdeploy up --dry-run` to see the preflight checks"
+            ) from exc
+    return Path(directory)
+
+
+def fetch_model(
+    model: ModelRef,
+    cache_dir: Path | None = None,
+    console: Console | None = None,
+    endpoint: str | None = None,
+) -> Path:
+    """The local directory of one of the plan's checkpoints, downloading it if it comes from the Hub."""
+    location = model_location(model.path)
+    if location == "zoo":
+        return validate_checkpoint_dir(resolve_zoo_model(model.path))
+    if location == "local":
+        return validate_checkpoint_dir(Path(model.path).expanduser())
+    return download_from_hub(model, cache_dir, console, endpoint)
