@@ -1,0 +1,1 @@
+"""The reference engine's HTTP server: SGLang's routes and field names over the single-sequence decoder."""

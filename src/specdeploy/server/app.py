@@ -1,0 +1,73 @@
+"""The FastAPI app: routes, SGLang-shaped error answers, and the engine worker's life."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from specdeploy.server import routes_info, routes_native, routes_openai
+from specdeploy.server.api_errors import ApiError, error_body
+from specdeploy.server.service import EngineFailed, EngineService, ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving `engine` (a runtime.Engine); its worker thread starts and stops with the app."""
+    service = EngineService(engine, config or ServerConfig())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.worker.start()
+        try:
+            yield
+        finally:
+            service.worker.stop()
+
+    app = FastAPI(title="specdeploy reference engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    for module in (routes_info, routes_native, routes_openai):
+        app.include_router(module.router)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(EngineFailed, _engine_failed)
+    app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    # SGLang answers FastAPI's 422 validation errors with 400 "Bad Request"
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(error_body(str(exc.errors()), 400, "Bad Request"), status_code=400)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse(
+        error_body(str(exc.detail), exc.status_code, str(exc.status_code)), status_code=exc.status_code
+    )
+
+
+async def _engine_failed(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body(f"The engine failed on this request: {exc}", 500), status_code=500)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s", request.url.path)
+    return JSONResponse(
+        error_body(f"Internal server error: {type(exc).__name__}: {exc}", 500), status_code=500
+    )

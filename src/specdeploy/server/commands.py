@@ -1,0 +1,65 @@
+"""`specdeploy serve` and `specdeploy load`: thin wrappers over the server and the load generator."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+
+def serve(
+    target: Annotated[str, typer.Option(help="Target checkpoint directory or zoo:NAME.")],
+    draft: Annotated[
+        str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
+    budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step.")] = None,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 30000,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",
+    max_queued_requests: Annotated[
+        int, typer.Option(help="Requests waiting or running at once; more are refused with 503.")
+    ] = 256,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model id in the API (default: target dir name).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the reference engine with SGLang's HTTP API (native /generate and OpenAI routes)."""
+    from specdeploy.engine.runtime import load_engine
+    from specdeploy.errors import SpecdeployError
+    from specdeploy.server.launch import serve_engine
+    from specdeploy.server.service import ServerConfig
+
+    if max_queued_requests < 1:
+        raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
+    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype)
+    config = ServerConfig(max_queued_requests=max_queued_requests, served_model_name=served_model_name)
+    serve_engine(engine, config, host, port, log_level)
+
+
+def load(
+    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:30000.")],
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
+    requests: Annotated[int, typer.Option(help="Requests in total.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    prompt: Annotated[str, typer.Option()] = "Write a short story about a lighthouse keeper.",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Send streaming /generate requests at a fixed concurrency; report requests/s, output tokens/s, errors."""
+    from specdeploy.server.load import run_load
+
+    report = asyncio.run(run_load(url, concurrency, requests, max_new_tokens, prompt))
+    if as_json:
+        typer.echo(report.to_json())
+        return
+    accept = "n/a" if report.mean_accept_length is None else f"{report.mean_accept_length:.2f}"
+    typer.echo(
+        f"concurrency {report.concurrency}  requests {report.requests}  errors {report.errors}  "
+        f"{report.requests_per_s:.2f} req/s  {report.output_tokens_per_s:.1f} output tok/s  "
+        f"mean latency {report.mean_latency_s:.2f} s  mean accept length {accept}"
+    )
+    for error in report.first_errors:
+        typer.echo(f"  error: {error}")

@@ -1,0 +1,160 @@
+"""One request's generation as the server reports it: cumulative ids and text, stop strings, SGLang's meta_info.
+
+`Generation.advance(step)` folds one engine step into the cumulative state. Text is decoded from all ids so
+far; its unstable tail (an incomplete UTF-8 sequence, or a possible start of a stop string) is held back
+until the next step settles it, so streamed pieces always concatenate to the final text.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdeploy.engine.decode import Step
+from specdeploy.server.params import RequestParams
+
+REPLACEMENT_CHAR = "\ufffd"  # what decoding yields for an incomplete UTF-8 sequence
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class SpecSettings:
+    """How the engine speculates: None draft tokens for plain autoregressive decoding."""
+
+    num_draft_tokens: int | None  # tokens verified per step besides the root (block_size - 1, or the budget)
+
+
+@dataclass
+class Generation:
+    tokenizer: Any
+    prompt_ids: list[int]
+    params: RequestParams
+    spec: SpecSettings
+    rid: str = field(default_factory=new_request_id)
+    arrived_at: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""  # the stable text: safe to have sent
+    finish_reason: dict[str, Any] | None = None
+    verify_ct: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def advance(self, step: Step) -> list[int]:
+        """Fold one step in and return the token ids it added (fewer than the step's when a stop string hits)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if step.verified_tokens > 0:
+            self.verify_ct += 1
+            self.accept_lengths.append(len(step.token_ids))
+        added = self._append_until_stop_string(step.token_ids)
+        if self.finish_reason is None and step.finish_reason == "stop":
+            self.finish_reason = {"type": "stop", "matched": step.token_ids[-1]}
+        elif self.finish_reason is None and step.finish_reason == "length":
+            self.finish_reason = {"type": "length", "length": self.params.sampling.max_new_tokens}
+        self._settle_text()
+        if self.finished:
+            self.finished_at = time.perf_counter()
+        return added
+
+    def abort(self, message: str) -> None:
+        """End without a natural finish (the server stopped the job): SGLang's abort reason."""
+        self.finish_reason = {"type": "abort", "message": message, "status_code": 503, "err_type": None}
+        self.finished_at = time.perf_counter()
+        self._settle_text()
+
+    def _append_until_stop_string(self, tokens: list[int]) -> list[int]:
+        if not self.params.stop_strs:
+            self.output_ids.extend(tokens)
+            return list(tokens)
+        added = []
+        # token by token, like SGLang, so output_ids end exactly at the token that completes a stop string
+        for token in tokens:
+            self.output_ids.append(token)
+            added.append(token)
+            text = self._decode(self.output_ids)
+            hit = _first_stop_match(text, self.params.stop_strs)
+            if hit is not None:
+                self.finish_reason = {"type": "stop", "matched": hit}
+                break
+        return added
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    def _settle_text(self) -> None:
+        ids = self.output_ids
+        trims_stop_token = (
+            isinstance((self.finish_reason or {}).get("matched"), int) and not self.params.no_stop_trim
+        )
+        if trims_stop_token:
+            ids = ids[:-1]  # SGLang leaves the matched stop token out of the text (not out of output_ids)
+        text = self._decode(ids)
+        matched = (self.finish_reason or {}).get("matched")
+        if isinstance(matched, str):
+            cut = text.find(matched)
+            text = text[: cut + len(matched)] if self.params.no_stop_trim else text[:cut]
+        elif not self.finished:
+            text = text[: len(text) - _unstable_tail(text, self.params.stop_strs)]
+        if text.startswith(self.text):  # never take back what may already have been streamed
+            self.text = text
+
+    def meta_info(self, spec_metrics: bool = True) -> dict[str, Any]:
+        """SGLang's meta_info; latency and speculative figures only once finished, as SGLang reports them."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": len(self.prompt_ids),
+            "weight_version": "default",
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": 0,
+        }
+        if self.finished:
+            meta["e2e_latency"] = self.finished_at - self.arrived_at
+            if spec_metrics:
+                meta.update(self.spec_metrics())
+        return meta
+
+    def spec_metrics(self) -> dict[str, Any]:
+        """spec_accept_length = completion_tokens / verify steps (bonus included); absent without speculation."""
+        draft = self.spec.num_draft_tokens
+        if draft is None or self.verify_ct == 0:
+            return {}
+        correct = sum(self.accept_lengths) - self.verify_ct  # accepted draft tokens: bonus tokens excluded
+        proposed = self.verify_ct * draft
+        return {
+            "spec_accept_rate": correct / proposed,
+            "spec_accept_length": len(self.output_ids) / self.verify_ct,
+            "spec_num_correct_drafts": correct,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": self.verify_ct,
+        }
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrived_at
+
+
+def _first_stop_match(text: str, stops: tuple[str, ...]) -> str | None:
+    hits = [(text.find(s), s) for s in stops if s in text]
+    return min(hits)[1] if hits else None
+
+
+def _unstable_tail(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters the next step may still change or cut."""
+    tail = len(text) - len(text.rstrip(REPLACEMENT_CHAR))
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                tail = max(tail, n)
+                break
+    return tail

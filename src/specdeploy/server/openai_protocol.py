@@ -1,0 +1,114 @@
+"""Request bodies of /v1/completions and /v1/chat/completions (SGLang's field names and defaults).
+
+Fields the reference engine cannot honour are declared so that a non-default value is refused with a 400
+rather than silently ignored; unknown fields are ignored, as SGLang's models do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from specdeploy.server.api_errors import ApiError
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # usage on every chunk: the cumulative completion tokens
+
+
+class SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logprobs: Any = None
+    response_format: Any = None
+
+    def unsupported(self) -> None:
+        """Refuse options that would change the output in ways this engine does not implement."""
+        defaults = {
+            "n": 1,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_p": 0.0,
+        }
+        for name, default in defaults.items():
+            if getattr(self, name) != default:
+                raise ApiError(
+                    f"{name}={getattr(self, name)!r} is not supported by the reference engine.", param=name
+                )
+        if self.logprobs not in (None, False):
+            raise ApiError("logprobs are not supported by the reference engine.", param="logprobs")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise ApiError("response_format (constrained decoding) is not supported by the reference engine.")
+
+    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
+        """The native sampling_params this request means (SGLang's OpenAI -> native mapping)."""
+        return {
+            "max_new_tokens": max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "sampling_seed": self.seed,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "no_stop_trim": self.no_stop_trim,
+        }
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt = 16
+    echo: StrictBool = False
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: StrictBool = False
+    tools: list[Any] | None = Field(default=None)
+
+    def max_output_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,131 @@
+"""Health, identity and housekeeping routes: /health, /health_generate, /ready, /model_info, /server_info,
+/flush_cache, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from specdeploy.engine.decode import SamplingParams
+from specdeploy.server.http_utils import service_of
+from specdeploy.server.service import SPECULATIVE_ALGORITHMS
+
+router = APIRouter()
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+HEALTH_PROBE = SamplingParams(temperature=0.0, max_new_tokens=1)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """Liveness without generating (SGLang's default): 503 once the worker stops or shutdown began."""
+    return Response(status_code=200 if service_of(request).worker.alive else 503)
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    return Response(status_code=200 if service_of(request).worker.alive else 503)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Generate one token; any step the engine makes meanwhile (another request's) counts as healthy too."""
+    worker = service_of(request).worker
+    if not worker.alive:
+        return Response(status_code=503)
+    started = time.perf_counter()
+    job = worker.submit([0], HEALTH_PROBE, bypass_limit=True)
+    try:
+        while time.perf_counter() - started < HEALTH_CHECK_TIMEOUT_S:
+            try:
+                if await asyncio.wait_for(job.steps.get(), 1.0) is not None:
+                    return Response(status_code=200)
+            except TimeoutError:
+                pass
+            if worker.last_step_at > started:
+                return Response(status_code=200)
+            if not worker.alive:
+                break
+        return Response(status_code=503)
+    finally:
+        job.cancel()
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def model_info(request: Request) -> dict[str, Any]:
+    service = service_of(request)
+    engine = service.engine
+    hf_config = engine.decoder.target.config
+    return {
+        "model_path": str(engine.target_path),
+        "served_model_name": service.model_name,
+        "tokenizer_path": str(engine.target_path),
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": getattr(hf_config, "model_type", None),
+        "architectures": getattr(hf_config, "architectures", None),
+    }
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def server_info(request: Request) -> dict[str, Any]:
+    """Launch settings in SGLang's names, `internal_states` with the running accept length, and the engine."""
+    service = service_of(request)
+    engine = service.engine
+    internal: dict[str, Any] = {
+        "num_running_reqs": service.worker.num_running,
+        "num_queue_reqs": service.worker.num_waiting,
+    }
+    avg = service.stats.avg_accept_length
+    if service.spec.num_draft_tokens is not None and avg is not None:
+        internal["avg_spec_accept_length"] = avg
+    draft = service.spec.num_draft_tokens
+    return {
+        "model_path": str(engine.target_path),
+        "tokenizer_path": str(engine.target_path),
+        "served_model_name": service.model_name,
+        "speculative_algorithm": SPECULATIVE_ALGORITHMS[engine.mode],
+        "speculative_draft_model_path": None if engine.draft_path is None else str(engine.draft_path),
+        "speculative_num_draft_tokens": None if draft is None else draft + 1,
+        "context_length": service.limits.max_context,
+        "device": str(engine.device),
+        "max_running_requests": 1,
+        "max_queued_requests": service.config.max_queued_requests,
+        "startup_time": service.started_at,
+        "internal_states": [internal],
+        "version": service.engine_info()["version"],
+        "frontend": "python",
+        "engine": service.engine_info(),
+    }
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request, timeout: float = Query(0.0, ge=0.0)) -> Response:
+    """Restart the cumulative counters once idle, like SGLang (the engine keeps no cache across requests)."""
+    service = service_of(request)
+    idle = await asyncio.to_thread(service.worker.wait_idle, timeout)
+    if not idle:
+        return PlainTextResponse(
+            "Flush cache failed: requests are running or waiting; retry when idle or pass ?timeout=SECONDS.\n",
+            status_code=400,
+        )
+    service.stats.flush()
+    return PlainTextResponse(
+        "Cache flushed.\nPlease check backend logs for more details. "
+        "(When there are running or waiting requests, the operation will not be performed.)\n"
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(service_of(request).stats.prometheus_text(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,110 @@
+"""SGLang's native /generate: text or input_ids (one or a batch), sampling_params, cumulative streaming."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specdeploy.server.api_errors import ApiError
+from specdeploy.server.generation import Generation
+from specdeploy.server.http_utils import SSE_DONE, read_json, service_of, sse, sse_error
+from specdeploy.server.params import parse_sampling_params
+from specdeploy.server.service import ClientGone, EngineFailed, EngineService
+from specdeploy.server.worker import Job
+
+router = APIRouter()
+
+UNSUPPORTED_TRUE = ("return_logprob", "return_hidden_states", "return_routed_experts")
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request) -> Response:
+    service = service_of(request)
+    body = await read_json(request)
+    gens, batched = _parse(body, service)
+    jobs = service.submit_all(gens)
+    if body.get("stream", False):
+        return StreamingResponse(_stream(service, gens, jobs, batched), media_type="text/event-stream")
+    try:
+        for gen, job in zip(gens, jobs, strict=True):
+            await service.complete(gen, job, request)
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads this; it only ends the handler
+    finally:
+        for job in jobs:
+            job.cancel()
+    outputs = [_output(gen, i if batched else None) for i, gen in enumerate(gens)]
+    return JSONResponse(outputs if batched else outputs[0])
+
+
+def _parse(body: Any, service: EngineService) -> tuple[list[Generation], bool]:
+    """Validate the whole request before anything is queued; returns the generations and whether it is a batch."""
+    if not isinstance(body, dict):
+        raise ApiError(f"The request body must be a JSON object, got {type(body).__name__}.")
+    if not isinstance(body.get("stream", False), bool):
+        raise ApiError("stream must be true or false.", param="stream")
+    for name in UNSUPPORTED_TRUE:
+        if body.get(name):
+            raise ApiError(f"{name} is not supported by the reference engine.", param=name)
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise ApiError("Give exactly one of text or input_ids.", param="text")
+    if text is not None:
+        prompts, batched, field = _text_prompts(text, service), isinstance(text, list), "text"
+    else:
+        batched = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        prompts, field = (input_ids if batched else [input_ids]), "input_ids"
+    if batched and not prompts:
+        raise ApiError(f"{field} is an empty batch; send at least one prompt.", param=field)
+    raw_params = body.get("sampling_params")
+    if isinstance(raw_params, list):
+        if len(raw_params) != len(prompts):
+            raise ApiError(
+                f"sampling_params has {len(raw_params)} entries for {len(prompts)} prompts; give one per prompt "
+                "or a single object.",
+                param="sampling_params",
+            )
+    else:
+        raw_params = [raw_params] * len(prompts)
+    gens = []
+    for prompt, raw in zip(prompts, raw_params, strict=True):
+        if not isinstance(prompt, list):
+            raise ApiError(
+                "input_ids must be a list of token ids or a list of such lists.", param="input_ids"
+            )
+        gens.append(service.new_generation(prompt, parse_sampling_params(raw, service.limits), field))
+    return gens, batched
+
+
+def _text_prompts(text: Any, service: EngineService) -> list[list[int]]:
+    texts = text if isinstance(text, list) else [text]
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError("text must be a string or a list of strings.", param="text")
+    return [service.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def _output(gen: Generation, index: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"text": gen.text, "output_ids": list(gen.output_ids), "meta_info": gen.meta_info()}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+async def _stream(
+    service: EngineService, gens: list[Generation], jobs: list[Job], batched: bool
+) -> AsyncIterator[bytes]:
+    """One event per engine step with the cumulative text and output_ids (SGLang's default), then [DONE]."""
+    try:
+        for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
+            async for _ in service.follow(gen, job):
+                yield sse(_output(gen, i if batched else None))
+    except EngineFailed as exc:
+        yield sse_error(str(exc), 500)
+    finally:
+        for job in jobs:
+            job.cancel()  # also runs when Starlette cancels this iterator because the client left
+    yield SSE_DONE

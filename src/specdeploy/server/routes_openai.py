@@ -1,0 +1,224 @@
+"""OpenAI-compatible /v1/completions, /v1/chat/completions and /v1/models, in SGLang's response shapes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specdeploy.server.api_errors import ApiError
+from specdeploy.server.generation import Generation
+from specdeploy.server.http_utils import SSE_DONE, read_model, service_of, sse, sse_error
+from specdeploy.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specdeploy.server.params import parse_sampling_params
+from specdeploy.server.service import ClientGone, EngineFailed, EngineService
+from specdeploy.server.worker import Job
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    service = service_of(request)
+    return {"object": "list", "data": [_model_card(service)]}
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+    service = service_of(request)
+    if model != service.model_name:
+        raise ApiError(
+            f"The model '{model}' does not exist", 404, param="model", err_type="invalid_request_error"
+        )
+    return _model_card(service)
+
+
+def _model_card(service: EngineService) -> dict[str, Any]:
+    return {
+        "id": service.model_name,
+        "object": "model",
+        "created": int(service.started_at),
+        "owned_by": "sglang",
+        "root": service.model_name,
+        "parent": None,
+        "max_model_len": service.limits.max_context,
+    }
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    service = service_of(request)
+    req: CompletionRequest = await read_model(request, CompletionRequest)
+    _check_common(req, service)
+    if req.echo or req.suffix:
+        raise ApiError("echo and suffix are not supported by the reference engine.", param="echo")
+    prompts = _completion_prompts(req, service)
+    params = parse_sampling_params(req.sampling_params(req.max_tokens), service.limits)
+    gens = [service.new_generation(ids, params, "prompt") for ids in prompts]
+    return await _respond(request, service, req, gens, "text_completion", "cmpl-", _completion_choice)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    service = service_of(request)
+    req: ChatCompletionRequest = await read_model(request, ChatCompletionRequest)
+    _check_common(req, service)
+    if not req.messages:
+        raise ApiError("Messages cannot be empty.", param="messages")
+    if req.tools:
+        raise ApiError("tools (function calling) are not supported by the reference engine.", param="tools")
+    prompt_ids = _chat_prompt(req, service)
+    max_new_tokens = req.max_output_tokens()
+    if max_new_tokens is None:  # SGLang's default: whatever room the context leaves
+        max_new_tokens = max(service.limits.max_context - len(prompt_ids), 1)
+    params = parse_sampling_params(req.sampling_params(max_new_tokens), service.limits)
+    gen = service.new_generation(prompt_ids, params, "messages")
+    return await _respond(request, service, req, [gen], "chat.completion", "chatcmpl-", _chat_choice)
+
+
+def _check_common(req: SamplingFields, service: EngineService) -> None:
+    if req.model is not None and req.model not in (service.model_name, "default"):
+        raise ApiError(
+            f"The model '{req.model}' does not exist; this server serves '{service.model_name}' (see /v1/models).",
+            404,
+            param="model",
+        )
+    req.unsupported()
+
+
+def _completion_prompts(req: CompletionRequest, service: EngineService) -> list[list[int]]:
+    prompt = req.prompt
+    if not prompt:
+        raise ApiError("Prompt cannot be empty", param="prompt")
+    if isinstance(prompt, str):
+        return [service.tokenizer.encode(prompt)]
+    if isinstance(prompt[0], str):
+        return [service.tokenizer.encode(p) for p in prompt]
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return prompt
+
+
+def _chat_prompt(req: ChatCompletionRequest, service: EngineService) -> list[int]:
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    kwargs = dict(req.chat_template_kwargs or {})
+    if "chat_template" in kwargs:
+        raise ApiError("A request-supplied chat_template is not allowed.", param="chat_template_kwargs")
+    try:
+        text = service.tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+            **kwargs,
+        )
+    except Exception as exc:  # a template that rejects these messages or kwargs is the request's fault
+        raise ApiError(
+            f"The chat template could not render these messages: {exc}", param="messages"
+        ) from None
+    return service.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _finish(gen: Generation) -> tuple[str | None, Any]:
+    reason = gen.finish_reason
+    if reason is None:
+        return None, None
+    return reason["type"], reason.get("matched")
+
+
+def _completion_choice(gen: Generation, index: int, text: str, stream: bool) -> dict[str, Any]:
+    finish, matched = _finish(gen) if gen.finished else (None, None)
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+
+
+def _chat_choice(gen: Generation, index: int, text: str, stream: bool) -> dict[str, Any]:
+    finish, matched = _finish(gen) if gen.finished else (None, None)
+    key, message = (
+        ("delta", {"content": text}) if stream else ("message", {"role": "assistant", "content": text})
+    )
+    message["reasoning_content"] = None
+    return {"index": index, key: message, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+
+
+def _usage(gens: list[Generation]) -> dict[str, Any]:
+    prompt = sum(len(g.prompt_ids) for g in gens)
+    completion = sum(len(g.output_ids) for g in gens)
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
+
+
+Choice = Callable[[Generation, int, str, bool], dict[str, Any]]
+
+
+async def _respond(
+    request: Request,
+    service: EngineService,
+    req: SamplingFields,
+    gens: list[Generation],
+    object_name: str,
+    id_prefix: str,
+    choice: Choice,
+) -> Response:
+    jobs = service.submit_all(gens)
+    header = {"id": id_prefix + gens[0].rid, "created": int(time.time()), "model": service.model_name}
+    if req.stream:
+        # chat chunks are "chat.completion.chunk"; completion chunks keep "text_completion"
+        chunk_object = object_name + ".chunk" if object_name == "chat.completion" else object_name
+        stream = _stream(service, req, gens, jobs, {**header, "object": chunk_object}, choice)
+        return StreamingResponse(stream, media_type="text/event-stream")
+    try:
+        for gen, job in zip(gens, jobs, strict=True):
+            await service.complete(gen, job, request)
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads this; it only ends the handler
+    finally:
+        for job in jobs:
+            job.cancel()
+    choices = [choice(gen, i, gen.text, False) for i, gen in enumerate(gens)]
+    return JSONResponse({**header, "object": object_name, "choices": choices, "usage": _usage(gens)})
+
+
+async def _stream(
+    service: EngineService,
+    req: SamplingFields,
+    gens: list[Generation],
+    jobs: list[Job],
+    header: dict[str, Any],
+    choice: Choice,
+) -> AsyncIterator[bytes]:
+    """Deltas, one chunk per engine step; usage on every chunk with continuous_usage_stats, else at the end."""
+    options = req.stream_options
+    continuous = options is not None and options.continuous_usage_stats
+    try:
+        for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
+            if header["object"] == "chat.completion.chunk":
+                role = {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "matched_stop": None,
+                }
+                yield sse({**header, "choices": [role], "usage": None})
+            sent = ""
+            async for _ in service.follow(gen, job):
+                delta, sent = gen.text[len(sent) :], gen.text
+                usage = _usage([gen]) if continuous else None
+                yield sse({**header, "choices": [choice(gen, i, delta, True)], "usage": usage})
+        if options is not None and options.include_usage:
+            yield sse({**header, "choices": [], "usage": _usage(gens)})
+    except EngineFailed as exc:
+        yield sse_error(str(exc), 500)
+    finally:
+        for job in jobs:
+            job.cancel()  # also runs when Starlette cancels this iterator because the client left
+    yield SSE_DONE

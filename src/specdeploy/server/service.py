@@ -1,0 +1,134 @@
+"""What every route shares: the engine, its worker queue, the counters, and running one generation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from specdeploy import __version__
+from specdeploy.server.api_errors import ApiError
+from specdeploy.server.generation import Generation, SpecSettings
+from specdeploy.server.params import ModelLimits, RequestParams, check_prompt
+from specdeploy.server.stats import ServerStats
+from specdeploy.server.worker import EngineWorker, Job, JobFailed
+
+ENGINE_NAME = "specdeploy-reference"
+DISCONNECT_POLL_S = 0.25
+SPECULATIVE_ALGORITHMS = {
+    "ar": None,
+    "dflash": "DFLASH",
+    "ddtree": "DDTREE",
+}  # SGLang's --speculative-algorithm  # how often a non-streaming request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its generation finished."""
+
+
+class EngineFailed(Exception):
+    """The decoder raised: the route answers 500 with the message."""
+
+
+@dataclass
+class ServerConfig:
+    max_queued_requests: int = 256
+    served_model_name: str | None = None  # defaults to the engine's model name
+
+
+class EngineService:
+    def __init__(self, engine: Any, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.model_name = config.served_model_name or engine.model_name
+        self.tokenizer = engine.tokenizer
+        target_config = engine.decoder.target.config
+        self.limits = ModelLimits(vocab_size=target_config.vocab_size, max_context=engine.max_context)
+        self.spec = SpecSettings(num_draft_tokens=_draft_tokens(engine))
+        self.worker = EngineWorker(engine.decoder, config.max_queued_requests)
+        self.stats = ServerStats(lambda: self.worker.num_waiting, lambda: self.worker.num_running)
+        self.started_at = time.time()
+
+    def new_generation(
+        self, prompt_ids: list[int], params: RequestParams, param: str = "input_ids"
+    ) -> Generation:
+        check_prompt(prompt_ids, params, self.limits, param)
+        return Generation(self.tokenizer, prompt_ids, params, self.spec)
+
+    def submit(self, gen: Generation) -> Job:
+        """Queue `gen` now, so that a full queue is refused (503) before any response has started."""
+        return self.worker.submit(gen.prompt_ids, gen.params.sampling)
+
+    def submit_all(self, gens: list[Generation]) -> list[Job]:
+        """Queue a batch whole or not at all."""
+        jobs: list[Job] = []
+        try:
+            for gen in gens:
+                jobs.append(self.submit(gen))
+        except ApiError:
+            for job in jobs:
+                job.cancel()
+            raise
+        return jobs
+
+    async def follow(
+        self, gen: Generation, job: Job, request: Request | None = None
+    ) -> AsyncIterator[list[int]]:
+        """Yield the ids each step of `job` adds to `gen`, until it finishes.
+
+        With `request`, the wait polls for a client disconnect (non-streaming routes); streaming routes pass
+        None because Starlette cancels their body iterator when the client goes, which lands in `finally`.
+        """
+        try:
+            while not gen.finished:
+                item = await self._next(job, request)
+                if item is None:
+                    gen.abort("The server stopped this request while shutting down.")
+                elif isinstance(item, JobFailed):
+                    raise EngineFailed(str(item))
+                else:
+                    added = gen.advance(item)
+                    if gen.finished:
+                        job.cancel()  # a stop string may end the request before the engine does
+                    yield added
+        finally:
+            job.cancel()
+            if gen.finished:
+                self.stats.record(gen)
+
+    async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:
+        """Run `job` to its end (non-streaming)."""
+        async for _ in self.follow(gen, job, request):
+            pass
+        return gen
+
+    async def _next(self, job: Job, request: Request | None):
+        while True:
+            try:
+                return await asyncio.wait_for(job.steps.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    raise ClientGone() from None
+
+    def engine_info(self) -> dict[str, Any]:
+        """The engine's own identity: the one thing that tells this server apart from SGLang."""
+        return {
+            "name": ENGINE_NAME,
+            "version": __version__,
+            "mode": self.engine.mode,
+            "budget": self.engine.budget,
+            "block_size": self.engine.block_size,
+            "device": str(self.engine.device),
+        }
+
+
+def _draft_tokens(engine: Any) -> int | None:
+    if engine.mode == "ddtree":
+        return engine.budget
+    if engine.mode == "dflash":
+        return engine.block_size - 1
+    return None

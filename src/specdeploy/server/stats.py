@@ -1,0 +1,81 @@
+"""Server-wide counters: SGLang's cumulative accept length for /server_info, and Prometheus metrics."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdeploy.server.generation import Generation
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ServerStats:
+    """Counts finished requests; one registry per server so that several servers can live in one process."""
+
+    def __init__(self, queue_size, running) -> None:
+        self._lock = threading.Lock()
+        self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
+        self._verify_steps = 0
+        self.registry = CollectorRegistry()
+        self.requests = Counter("sglang:num_requests", "Requests finished", registry=self.registry)
+        self.aborted = Counter("sglang:num_aborted_requests", "Requests aborted", registry=self.registry)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens", registry=self.registry)
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Generated tokens", registry=self.registry
+        )
+        self.e2e_latency = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "End-to-end latency",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.step_accept = Histogram(
+            "specdeploy:step_accept_length",
+            "Tokens committed per verify step, bonus included",
+            buckets=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32),
+            registry=self.registry,
+        )
+        accept = Gauge(
+            "sglang:spec_accept_length", "Mean accept length since boot or flush", registry=self.registry
+        )
+        accept.set_function(lambda: self.avg_accept_length or 0.0)
+        Gauge("sglang:num_queue_reqs", "Requests waiting", registry=self.registry).set_function(queue_size)
+        Gauge("sglang:num_running_reqs", "Requests running", registry=self.registry).set_function(running)
+
+    def record(self, gen: Generation) -> None:
+        """Count one finished (or aborted) generation."""
+        if gen.finish_reason is not None and gen.finish_reason["type"] == "abort":
+            self.aborted.inc()
+        self.requests.inc()
+        self.prompt_tokens.inc(len(gen.prompt_ids))
+        self.generation_tokens.inc(len(gen.output_ids))
+        if gen.finished_at is not None:
+            self.e2e_latency.observe(gen.finished_at - gen.arrived_at)
+        if gen.ttft is not None:
+            self.ttft.observe(gen.ttft)
+        for length in gen.accept_lengths:
+            self.step_accept.observe(length)
+        with self._lock:
+            self._accepted_tokens += sum(gen.accept_lengths)
+            self._verify_steps += gen.verify_ct
+
+    @property
+    def avg_accept_length(self) -> float | None:
+        with self._lock:
+            return self._accepted_tokens / self._verify_steps if self._verify_steps else None
+
+    def flush(self) -> None:
+        """Restart the cumulative accept length, as SGLang's /flush_cache does."""
+        with self._lock:
+            self._accepted_tokens = self._verify_steps = 0
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
