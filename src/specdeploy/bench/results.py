@@ -11,8 +11,11 @@ One directory per run::
       requests.jsonl    One RequestRecord per line (schema "specdeploy.request/1"), appended one
                         whole cell at a time; warmup requests are never written.
       summary.json      RunSummary (schema "specdeploy.summary/1"): one CellSummary per finished
-                        cell with its metrics and, where a baseline exists, its paired comparison.
+                        cell with its metrics and, where a baseline exists, its paired comparison;
+                        `speedups` pools each target load point's repeats (key: CellKey.point_id).
                         Rewritten atomically (temp file + rename) after every cell.
+      incomplete.jsonl  Records of cell attempts that did not finish (the server died, the run was
+                        interrupted): kept for diagnosis, never counted as results.
 
 Cells. A cell is one measured load point, keyed by CellKey: role ("target" or "baseline"), dataset,
 mode label (ar, dflash, ddtree, ...), DDTree budget, concurrency or Poisson request rate, and repeat.
@@ -47,6 +50,7 @@ MANIFEST_SCHEMA = "specdeploy.manifest/1"
 MANIFEST_FILE = "manifest.json"
 SERVER_INFO_FILE = "server_info.json"
 REQUESTS_FILE = "requests.jsonl"
+INCOMPLETE_FILE = "incomplete.jsonl"
 SUMMARY_FILE = "summary.json"
 
 Role = Literal["target", "baseline"]
@@ -72,6 +76,11 @@ class CellKey(BaseModel):
         return f"{self.role}/{self.dataset}/{self.mode or '-'}{budget}/{load}/rep{self.repeat}"
 
     @property
+    def point_id(self) -> str:
+        """The id without the repeat: what repeats of one load point share."""
+        return self.id.rsplit("/", 1)[0]
+
+    @property
     def load_point(self) -> tuple[str, int | None, float | None, int]:
         """What a baseline cell must share with a target cell to be paired with it."""
         return (self.dataset, self.concurrency, self.request_rate, self.repeat)
@@ -86,7 +95,7 @@ class Chunk(BaseModel):
     tokens: int
 
 
-TokenSource = Literal["meta_info", "usage", "ids", "tokenizer", "text"]
+TokenSource = Literal["meta_info", "usage", "ids", "text"]
 
 
 class RequestRecord(BaseModel):
@@ -95,7 +104,8 @@ class RequestRecord(BaseModel):
     Times are time.monotonic_ns differences: `start_ns` is when the request was sent, counted from
     the start of its cell; chunk `t_ns` and `end_ns` (stream closed) are counted from `start_ns`.
     `token_source` says where the cumulative token counts of `chunks` came from: the native
-    `meta_info.completion_tokens`, OpenAI per-chunk `usage`, returned token ids, or a tokenizer.
+    `meta_info.completion_tokens`, OpenAI per-chunk `usage`, the returned token ids, or an estimate
+    from the text received (OpenAI routes on servers without per-chunk usage).
     """
 
     schema_: str = Field(REQUEST_SCHEMA, alias="schema")
@@ -183,6 +193,7 @@ class CellSummary(BaseModel):
 class RunSummary(BaseModel):
     schema_: str = Field(SUMMARY_SCHEMA, alias="schema")
     cells: dict[str, CellSummary] = {}
+    speedups: dict[str, Comparison] = {}
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -214,6 +225,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _dump(model: BaseModel) -> str:
     return model.model_dump_json(by_alias=True)
+
+
+def _append(path: Path, records: list[RequestRecord]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(_dump(r) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def new_run_id() -> str:
@@ -267,18 +285,25 @@ class RunDirectory:
         records = [r for r in self._parse_records() if r.cell in finished]
         return [r for r in records if cell is None or r.cell == cell]
 
-    def write_cell(self, summary: CellSummary, records: list[RequestRecord]) -> None:
+    def write_cell(
+        self,
+        summary: CellSummary,
+        records: list[RequestRecord],
+        speedups: dict[str, Comparison] | None = None,
+    ) -> None:
         """Persist one finished cell: append its records, then list it in summary.json."""
         key = summary.key.id
         run = self.read_summary()
         if key in run.cells:
             raise SpecdeployError(f"cell {key} is already finished in {self.path}; refusing to duplicate it")
-        with self.requests_path.open("a", encoding="utf-8") as f:
-            f.writelines(_dump(r) + "\n" for r in records)
-            f.flush()
-            os.fsync(f.fileno())
+        _append(self.requests_path, records)
         run.cells[key] = summary
+        run.speedups.update(speedups or {})
         _write_atomic(self.summary_path, _dump(run))
+
+    def write_incomplete(self, records: list[RequestRecord]) -> None:
+        """Keep the records of a cell attempt that did not finish, apart from the results."""
+        _append(self.path / INCOMPLETE_FILE, records)
 
     def recover(self) -> int:
         """Drop records of cells summary.json does not list (a crash mid-write); returns how many."""
