@@ -1,0 +1,1 @@
+"""Tiny models for tests, CI and laptops: random target/drafter pairs and the trained zoo."""
