@@ -171,7 +171,7 @@ class ReferenceLauncher(ProcessLauncher):
                 f"the reference launcher runs reference-engine plans (`specdeploy serve ...`), this plan runs "
                 f"{plan.engine.name}: use `--launcher docker` or `--launcher local`"
             )
-        return [sys.executable, "-m", "specdeploy.cli", *plan.argv[len(prefix) :]]
+        return [sys.executable, "-m", "specdeploy.cli", *plan.argv[1:]]
 
 
 def _docker(argv: list[str]) -> str:

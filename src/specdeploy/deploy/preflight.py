@@ -13,7 +13,7 @@ from typing import Protocol
 
 import huggingface_hub
 from huggingface_hub import HfApi
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, HTTPError
 from pydantic import BaseModel
 
 from specdeploy.deploy.hardware import CommandRunner, DetectedHardware, run_command
@@ -208,7 +208,7 @@ def check_repo_access(model: ModelRef, api: HfApi) -> CheckResult:
                 "or is private to another account",
             )
         return _warn(name, f"the Hub answered {status}: access not verified ({exc})")
-    except OSError as exc:
+    except (HTTPError, OSError) as exc:  # connection refused, DNS, timeouts: the Hub did not answer
         return _warn(name, f"could not reach the Hugging Face Hub ({exc}): access not verified")
     pinned = f"revision {model.revision}" if model.revision else "unpinned revision (latest main)"
     return _ok(name, f"readable at {pinned}")

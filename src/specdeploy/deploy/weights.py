@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from huggingface_hub import constants, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HTTPError, LocalEntryNotFoundError
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -113,7 +113,8 @@ def download_from_hub(
                 tqdm_class=rich_tqdm_class(progress),
                 endpoint=endpoint,
             )
-        except HfHubHTTPError as exc:
+        # HTTP errors (401/403/404), and network failures when nothing is cached yet.
+        except (HTTPError, LocalEntryNotFoundError) as exc:
             raise SpecdeployError(
                 f"downloading {model.path}@{model.revision or 'main'} failed: {exc}; "
                 "run `specdeploy up --dry-run` to see the preflight checks"

@@ -1,0 +1,131 @@
+import os
+import sys
+import time
+
+import pytest
+from deploy_helpers import GB, free_port, make_plan
+
+from specdeploy.deploy.launchers import (
+    DockerLauncher,
+    ProcessLauncher,
+    ReferenceLauncher,
+    get_launcher,
+    with_flag,
+    with_port,
+)
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan.launch_plan import EngineSpec, ModelRef
+
+
+def test_with_flag_replaces_both_spellings_and_appends():
+    assert with_flag(["a", "--port", "1", "b"], "--port", "2") == ["a", "b", "--port", "2"]
+    assert with_flag(["a", "--port=1"], "--port", "2") == ["a", "--port", "2"]
+    assert with_flag(["a"], "--port", "2") == ["a", "--port", "2"]
+
+
+def test_with_port_updates_plan_and_argv():
+    plan = with_port(make_plan(port=30000), 31000)
+    assert plan.port == 31000 and plan.argv[-2:] == ["--port", "31000"] and "30000" not in plan.argv
+
+
+def test_docker_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", "/srv/hf/hub")
+    monkeypatch.setattr("specdeploy.deploy.launchers.hub_cache_dir", lambda: tmp_path / "hub")
+    local = ModelRef(
+        role="drafter", path=str(tmp_path / "drafter"), revision=None, gated=False, disk_bytes=GB
+    )
+    plan = make_plan(models=[make_plan().models[0], local])
+    command = DockerLauncher().command(plan, tmp_path / "20261202T130000Z-kimi-k2.6-dflash")
+    image_at = command.index("lmsysorg/sglang:v0.5.23-cu130")
+    options, server = command[:image_at], command[image_at + 1 :]
+    assert options[:3] == ["docker", "run", "--detach"]
+    assert options[options.index("--name") + 1] == "specdeploy-20261202T130000Z-kimi-k2.6-dflash"
+    assert options[options.index("--gpus") + 1] == "all"
+    assert options[options.index("--ipc") + 1] == "host"
+    assert options[options.index("--publish") + 1] == "30000:30000"
+    assert f"{tmp_path / 'hub'}:/root/.cache/huggingface/hub" in options
+    assert f"{tmp_path / 'drafter'}:{tmp_path / 'drafter'}:ro" in options
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in options
+    # The token is passed by name: its value never appears in a command line or a manifest.
+    assert options[options.index("HF_TOKEN") - 1] == "--env"
+    assert server[:3] == ["python", "-m", "sglang.launch_server"]
+    assert server[server.index("--host") + 1] == "0.0.0.0"
+
+
+def test_docker_installs_unreleased_engine_first(tmp_path):
+    plan = make_plan()
+    engine = EngineSpec(
+        name="sglang",
+        version="0.5.23+ddtree",
+        image="lmsysorg/sglang:v0.5.23-cu130",
+        source="git+https://github.com/sgl-project/sglang@0123abc#subdirectory=python",
+        install=[
+            "pip install --no-deps 'git+https://github.com/sgl-project/sglang@0123abc#subdirectory=python'"
+        ],
+    )
+    command = DockerLauncher().command(plan.model_copy(update={"engine": engine}), tmp_path)
+    assert command[-3:-1] == ["bash", "-c"]
+    assert (
+        command[-1].startswith("pip install --no-deps")
+        and " && exec python -m sglang.launch_server" in command[-1]
+    )
+
+
+def test_docker_needs_an_image(tmp_path):
+    plan = make_plan(profile="cpu", engine="reference")
+    with pytest.raises(SpecdeployError, match="no container image"):
+        DockerLauncher().command(plan, tmp_path)
+
+
+def test_local_command_is_the_plan_argv(tmp_path):
+    plan = make_plan()
+    assert ProcessLauncher().command(plan, tmp_path) == plan.argv
+
+
+def test_reference_command_runs_this_install(tmp_path):
+    argv = [
+        "specdeploy",
+        "serve",
+        "--target",
+        "zoo:tiny",
+        "--draft",
+        "zoo:tiny-dflash",
+        "--mode",
+        "dflash",
+        "--port",
+        "8000",
+    ]
+    plan = make_plan(profile="cpu", engine="reference", models=[], argv=argv)
+    assert ReferenceLauncher().command(plan, tmp_path) == [sys.executable, "-m", "specdeploy.cli", *argv[1:]]
+
+
+def test_reference_launcher_refuses_sglang_plans(tmp_path):
+    with pytest.raises(SpecdeployError, match="--launcher docker"):
+        ReferenceLauncher().command(make_plan(), tmp_path)
+
+
+def test_unknown_launcher():
+    with pytest.raises(SpecdeployError, match="docker, local, reference"):
+        get_launcher("k8s")
+
+
+def test_missing_executable_is_explained(tmp_path):
+    plan = make_plan(profile="cpu", models=[], argv=["no-such-engine-binary", "--port", "1"])
+    with pytest.raises(SpecdeployError, match="not found on PATH"):
+        ProcessLauncher().start(plan, tmp_path)
+
+
+def test_stop_escalates_to_sigkill_and_covers_the_process_group(tmp_path):
+    # A shell that ignores SIGTERM and has a child: stop() must not hang and must take both down.
+    script = "trap '' TERM; sleep 60 & echo started; wait"
+    plan = make_plan(profile="cpu", models=[], argv=["bash", "-c", script], port=free_port())
+    launcher = ProcessLauncher()
+    handle = launcher.start(plan, tmp_path)
+    deadline = time.monotonic() + 10
+    while launcher.tail(handle, 5) != ["started"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert launcher.is_running(handle)
+    launcher.stop(handle, grace_s=0.5)
+    assert not launcher.is_running(handle)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(handle.pid, 0)  # the `sleep` child is gone too
