@@ -1,0 +1,128 @@
+"""The shape of recipe data: model pairs (target + drafters + facts) and hardware profiles."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EngineName = Literal["sglang", "reference"]
+AttentionKind = Literal["mla", "gqa", "hybrid"]
+Interconnect = Literal["nvlink", "pcie", "none"]
+MIB = 1 << 20
+
+
+class _Data(BaseModel):
+    # Typos in a TOML key must fail loudly instead of silently falling back to a default.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelFacts(_Data):
+    """A checkpoint and the numbers the memory budget needs; sizes in bytes."""
+
+    path: str  # Hugging Face repo id, or `zoo:NAME` for the shipped tiny models
+    revision: str | None = None  # a commit hash; absent in TOML means unpinned (every plan warns)
+    gated: bool = False
+    access_url: str | None = None  # where access to a gated repo is requested
+    architecture: str
+    parameters: int = Field(gt=0)
+    disk_bytes: int = Field(gt=0)
+    # Weights every tensor-parallel rank holds in full (replicated projections, norms); the rest is sharded.
+    replicated_bytes: int = Field(default=0, ge=0)
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)  # MLA: 1 (its latent KV is replicated on every rank)
+    kv_bytes_per_token: int = Field(ge=0)  # whole model, bf16, all layers
+    quantization: str
+    unverified: list[str] = Field(default_factory=list)  # facts nobody here has confirmed
+
+    @property
+    def is_zoo(self) -> bool:
+        return self.path.startswith("zoo:")
+
+
+class TargetFacts(ModelFacts):
+    attention: AttentionKind
+    context_length: int = Field(gt=0)  # the longest context the model supports
+    # Recurrent (Gated DeltaNet / Mamba) state one running request holds, whole model; 0 for pure attention.
+    recurrent_state_bytes_per_request: int = Field(default=0, ge=0)
+
+
+class DFlashDrafterFacts(ModelFacts):
+    block_size: int = Field(ge=2)
+    trained_for: str  # the target repo this drafter was trained against
+    draft_window_size: int | None = Field(default=None, gt=0)  # recommended sliding window, tokens
+
+
+class Eagle3DrafterFacts(ModelFacts):
+    trained_for: str
+    num_steps: int = Field(ge=1)
+    topk: int = Field(ge=1)
+    num_draft_tokens: int = Field(ge=2)
+
+
+class Recipe(_Data):
+    """A model pair: the target, its DFlash drafter, optionally an EAGLE3 drafter, and serving defaults."""
+
+    name: str
+    description: str
+    engine: EngineName
+    target: TargetFacts
+    dflash: DFlashDrafterFacts
+    eagle3: Eagle3DrafterFacts | None = None
+    trust_remote_code: bool = False
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    default_context_length: int = Field(gt=0)
+    default_max_running_requests: int = Field(gt=0)
+    # Extra SGLang flags this model family needs, with the reason shown in every plan.
+    extra_args: list[str] = Field(default_factory=list)
+    extra_args_reason: str | None = None
+    known_issues: list[str] = Field(default_factory=list)  # repeated as warnings in every plan
+
+    @model_validator(mode="after")
+    def _defaults_fit_the_model(self) -> Recipe:
+        if self.default_context_length > self.target.context_length:
+            raise ValueError(
+                f"default_context_length {self.default_context_length} exceeds the target's "
+                f"context_length {self.target.context_length}"
+            )
+        if self.extra_args and not self.extra_args_reason:
+            raise ValueError("extra_args needs an extra_args_reason saying why")
+        return self
+
+
+class HardwareProfile(_Data):
+    """One machine: what GPUs, how many, how much memory, and how they are connected."""
+
+    name: str
+    description: str
+    engine: EngineName  # which engine this machine runs: SGLang on GPUs, the reference engine on CPU
+    gpu_model: str | None = None  # as nvidia-smi names it; None for the CPU profile
+    gpu_count: int = Field(ge=0)
+    memory_mib: int = Field(gt=0)  # per GPU as nvidia-smi reports it; host memory budget for CPU
+    compute_capability: str | None = None  # "12.0", "10.0", "9.0"; None for CPU
+    interconnect: Interconnect
+    unverified: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _gpu_fields_agree(self) -> HardwareProfile:
+        has_gpu = self.gpu_model is not None
+        if has_gpu != (self.compute_capability is not None) or has_gpu != (self.gpu_count > 0):
+            raise ValueError("gpu_model, gpu_count > 0 and compute_capability go together (all or none)")
+        if has_gpu != (self.engine == "sglang"):
+            raise ValueError("GPU profiles run engine sglang; the CPU profile runs engine reference")
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+    @property
+    def sm_major(self) -> int | None:
+        return None if self.compute_capability is None else int(self.compute_capability.split(".")[0])
+
+    @property
+    def sm(self) -> str | None:
+        """`sm_120` style name of the compute capability."""
+        return None if self.compute_capability is None else "sm_" + self.compute_capability.replace(".", "")
