@@ -1,0 +1,272 @@
+"""Async streaming client for SGLang's /generate, /v1/chat/completions and /v1/completions.
+
+One aiohttp session (one connection pool) per server. Every request becomes a RequestRecord: a
+failure is a record with `error` set ("<kind>: <detail>"), never an exception out of a cell.
+Per chunk it records the arrival time (time.monotonic_ns) and the cumulative completion tokens:
+from `meta_info.completion_tokens` on /generate, from per-chunk `usage` on the OpenAI routes
+(`stream_options.continuous_usage_stats`), or, when a server sends usage only at the end, from
+the text received so far scaled to the final count (token_source "text", an estimate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from specdeploy.bench.payloads import ROUTE_PATHS, Route
+from specdeploy.bench.results import Chunk, RequestRecord
+
+# SGLang's native stream repeats the whole text so far in every event: lines grow with the output.
+READ_BUFFER_BYTES = 1 << 23
+
+# Error kinds. CONNECTION and STREAM mean the server stopped answering mid-request.
+CONNECTION = "connection"
+STREAM = "stream"
+TIMEOUT = "timeout"
+HTTP = "http"
+PROTOCOL = "protocol"
+SERVER_GONE = (CONNECTION, STREAM)
+
+
+def error_kind(error: str) -> str:
+    return error.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class RequestLabel:
+    """Where a request's record belongs: its cell, its place in it, and the cell's time origin."""
+
+    cell: str
+    index: int
+    prompt_id: str
+    turn: int
+    cell_start_ns: int
+
+
+@dataclass
+class _Stream:
+    """What has arrived so far on one streamed request."""
+
+    start_ns: int
+    chunks: list[Chunk] = field(default_factory=list)
+    text_parts: list[str] = field(default_factory=list)
+    text_lengths: list[int] = field(default_factory=list)  # cumulative characters at each chunk
+    ids: list[int] = field(default_factory=list)
+    tokens: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    usage_per_chunk: bool = True
+    finish_reason: str | None = None
+    done: bool = False
+
+
+class BenchClient:
+    """Streams generation requests to one server; use as `async with BenchClient(url) as client`."""
+
+    def __init__(self, url: str, route: Route, timeout_s: float = 600.0, model: str | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.route = route
+        self.timeout_s = timeout_s
+        self.model = model
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> BenchClient:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            read_bufsize=READ_BUFFER_BYTES,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("BenchClient used outside `async with`")
+        return self._session
+
+    async def get_json(self, path: str) -> Any | None:
+        """GET a JSON route; None when the server does not have it or does not answer."""
+        try:
+            async with self.session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+            return None
+
+    async def healthy(self) -> bool:
+        try:
+            async with self.session.get(
+                self.url + "/health", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def flush_cache(self) -> bool:
+        """Empty the server's prefix cache (and its cumulative counters); False where unsupported."""
+        for method in ("POST", "GET"):  # SGLang has taken both over its versions
+            try:
+                async with self.session.request(
+                    method, self.url + "/flush_cache", timeout=aiohttp.ClientTimeout(total=60)
+                ) as resp:
+                    if resp.status == 200:
+                        return True
+                    if resp.status not in (404, 405):
+                        return False
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                return False
+        return False
+
+    async def model_name(self) -> str | None:
+        """The served model's name for the OpenAI routes' `model` field."""
+        if self.model is not None:
+            return self.model
+        models = await self.get_json("/v1/models")
+        if isinstance(models, dict) and models.get("data"):
+            return str(models["data"][0].get("id"))
+        return None
+
+    async def send(self, payload: dict[str, Any], label: RequestLabel) -> RequestRecord:
+        """Send one streaming request and record its timeline; never raises for server faults."""
+        sent_unix = time.time()
+        stream = _Stream(start_ns=time.monotonic_ns())
+        error: str | None = None
+        try:
+            async with self.session.post(self.url + ROUTE_PATHS[self.route], json=payload) as resp:
+                if resp.status != 200:
+                    body = (await resp.text())[:300]
+                    error = f"{HTTP}: {resp.status} {body}"
+                else:
+                    await self._read(resp, stream)
+                    if "error" in stream.meta:
+                        error = f"{HTTP}: server reported {stream.meta['error']}"
+                    elif not stream.done and stream.finish_reason is None:
+                        error = f"{STREAM}: ended after {stream.tokens} tokens without finishing"
+        except asyncio.TimeoutError:
+            error = f"{TIMEOUT}: no complete answer within {self.timeout_s:g} s"
+        except aiohttp.ClientPayloadError as exc:
+            error = f"{STREAM}: {exc}"
+        except aiohttp.ClientError as exc:
+            error = f"{CONNECTION}: {type(exc).__name__} {exc}"
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            error = f"{PROTOCOL}: unexpected event ({type(exc).__name__} {exc})"
+        return self._record(stream, label, sent_unix, time.monotonic_ns(), error)
+
+    async def _read(self, resp: aiohttp.ClientResponse, stream: _Stream) -> None:
+        native = self.route == "generate"
+        async for line in resp.content:
+            now = time.monotonic_ns()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                stream.done = True
+                break
+            event = json.loads(data)
+            if "error" in event:
+                stream.meta["error"] = event["error"]
+                break
+            if native:
+                _on_native(event, stream, now)
+            else:
+                _on_openai(event, stream, now)
+
+    def _record(
+        self, stream: _Stream, label: RequestLabel, sent_unix: float, end_ns: int, error: str | None
+    ) -> RequestRecord:
+        meta = stream.meta
+        chunks = stream.chunks
+        source = "meta_info" if self.route == "generate" else "usage"
+        if self.route == "generate" and "completion_tokens" not in meta:
+            source = "ids"
+        if self.route != "generate" and not stream.usage_per_chunk:
+            chunks, source = _estimate_from_text(stream), "text"
+        completion = meta.get("completion_tokens", chunks[-1].tokens if chunks else 0)
+        return RequestRecord(
+            cell=label.cell,
+            index=label.index,
+            prompt_id=label.prompt_id,
+            turn=label.turn,
+            route=self.route,
+            sent_unix=sent_unix,
+            start_ns=stream.start_ns - label.cell_start_ns,
+            chunks=chunks,
+            end_ns=end_ns - stream.start_ns,
+            token_source=source,
+            prompt_tokens=meta.get("prompt_tokens"),
+            completion_tokens=completion,
+            spec_verify_ct=meta.get("spec_verify_ct"),
+            spec_accept_length=meta.get("spec_accept_length"),
+            finish_reason=stream.finish_reason,
+            output_text="".join(stream.text_parts),
+            output_ids=stream.ids or None,
+            error=error,
+        )
+
+
+def _on_native(event: dict[str, Any], stream: _Stream, now: int) -> None:
+    meta = event.get("meta_info") or {}
+    ids = event.get("output_ids")
+    text = event.get("text", "")
+    # Default SGLang streams cumulative ids and text; with incremental streaming they are deltas.
+    cumulative = ids is None or len(ids) == meta.get("completion_tokens", len(ids)) >= len(stream.ids)
+    if ids is not None:
+        stream.ids = list(ids) if cumulative else stream.ids + list(ids)
+    stream.text_parts = [text] if cumulative else [*stream.text_parts, text]
+    tokens = meta.get("completion_tokens", len(stream.ids))
+    if tokens > stream.tokens:
+        stream.chunks.append(Chunk(t_ns=now - stream.start_ns, tokens=tokens))
+        stream.tokens = tokens
+    stream.meta.update(meta)
+    reason = meta.get("finish_reason")
+    if reason:
+        stream.finish_reason = reason.get("type", str(reason)) if isinstance(reason, dict) else str(reason)
+
+
+def _on_openai(event: dict[str, Any], stream: _Stream, now: int) -> None:
+    usage = event.get("usage")
+    if usage:
+        stream.meta["prompt_tokens"] = usage.get("prompt_tokens")
+        stream.meta["completion_tokens"] = usage.get("completion_tokens", 0)
+    piece = ""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        piece += choice.get("text") or delta.get("reasoning_content") or ""
+        piece += delta.get("content") or ""
+        if choice.get("finish_reason"):
+            stream.finish_reason = str(choice["finish_reason"])
+    if not piece:
+        return  # the trailing usage-only event carries no tokens
+    stream.text_parts.append(piece)
+    stream.text_lengths.append((stream.text_lengths[-1] if stream.text_lengths else 0) + len(piece))
+    if usage:
+        tokens = int(usage.get("completion_tokens", 0))
+    else:
+        stream.usage_per_chunk = False
+        tokens = stream.tokens + 1
+    stream.chunks.append(Chunk(t_ns=now - stream.start_ns, tokens=tokens))
+    stream.tokens = tokens
+
+
+def _estimate_from_text(stream: _Stream) -> list[Chunk]:
+    """Cumulative tokens per chunk in proportion to the text received, ending at the final count."""
+    total = stream.meta.get("completion_tokens") or len(stream.chunks)
+    chars = stream.text_lengths[-1] if stream.text_lengths else 0
+    estimated: list[Chunk] = []
+    for chunk, length in zip(stream.chunks, stream.text_lengths, strict=True):
+        tokens = round(total * length / chars) if chars else chunk.tokens
+        floor = estimated[-1].tokens + 1 if estimated else 1
+        estimated.append(Chunk(t_ns=chunk.t_ns, tokens=min(max(tokens, floor), max(total, floor))))
+    return estimated
