@@ -9,7 +9,9 @@ from specdeploy.deploy.hardware import (
     detect_with_nvml,
     parse_gpu_query,
     parse_topology,
+    profile_for,
 )
+from specdeploy.recipes.loader import list_hardware
 
 
 @pytest.mark.parametrize(
@@ -133,3 +135,30 @@ def test_nvml(nvlink, interconnect):
     assert hardware.gpu_count == 2 and hardware.compute_capability == "9.0"
     assert hardware.interconnect == interconnect
     assert hardware.memory_bytes_per_gpu == 143771 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("machine", "profile"),
+    [
+        ("rtx-pro-6000-x8", "rtx-pro-6000-x8"),
+        ("b200-x8", "b200-x8"),
+        ("h200-x1", "h200-x1"),
+        ("no-gpu", "cpu"),
+    ],
+)
+def test_auto_matches_shipped_profiles(machine, profile):
+    hardware = detect_with_nvidia_smi(recorded_nvidia_smi(machine))
+    assert profile_for(hardware, list_hardware()).name == profile
+
+
+def test_auto_describes_an_unknown_machine():
+    hardware = detect_with_nvidia_smi(recorded_nvidia_smi("b200-x8"))
+    four = hardware.model_copy(update={"gpus": hardware.gpus[:4]})
+    profile = profile_for(four, list_hardware())
+    assert profile.name == "detected-nvidia-b200-x4"
+    assert (profile.gpu_count, profile.memory_mib, profile.compute_capability, profile.interconnect) == (
+        4,
+        183359,
+        "10.0",
+        "nvlink",
+    )

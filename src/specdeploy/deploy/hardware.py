@@ -9,6 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from specdeploy.errors import SpecdeployError
+from specdeploy.recipes.schema import HardwareProfile
+
 Interconnect = Literal["nvlink", "pcie", "none"]
 
 # Runs a command and returns its stdout; raises OSError or CalledProcessError when it cannot.
@@ -175,3 +178,37 @@ def detect_hardware(run: CommandRunner = run_command) -> DetectedHardware:
         return detect_with_nvml(pynvml)
     except pynvml.NVMLError:
         return detect_with_nvidia_smi(run)
+
+
+def profile_for(hardware: DetectedHardware, shipped: list[HardwareProfile]) -> HardwareProfile:
+    """`--hardware auto`: the shipped profile that describes this machine, else one made from what was found."""
+    if not hardware.gpus:
+        return next(profile for profile in shipped if profile.gpu_model is None)
+    for profile in shipped:
+        if (
+            profile.gpu_model == hardware.gpu_model
+            and profile.gpu_count == hardware.gpu_count
+            and profile.compute_capability == hardware.compute_capability
+            and profile.interconnect == hardware.interconnect
+        ):
+            return profile
+    if hardware.compute_capability is None:
+        raise SpecdeployError(
+            f"this machine mixes GPU models ({hardware.gpu_model}); restrict it to one model with "
+            "CUDA_VISIBLE_DEVICES, or pass a profile with --hardware"
+        )
+    slug = re.sub(r"[^a-z0-9]+", "-", str(hardware.gpu_model).lower()).strip("-")
+    memory_mib = (hardware.memory_bytes_per_gpu or 0) // 2**20
+    return HardwareProfile(
+        name=f"detected-{slug}-x{hardware.gpu_count}",
+        description=(
+            f"detected on this machine: {hardware.gpu_count}x {hardware.gpu_model} ({memory_mib} MiB, "
+            f"{hardware.sm}), {hardware.interconnect}"
+        ),
+        engine="sglang",
+        gpu_model=hardware.gpu_model,
+        gpu_count=hardware.gpu_count,
+        memory_mib=memory_mib,
+        compute_capability=hardware.compute_capability,
+        interconnect=hardware.interconnect,
+    )

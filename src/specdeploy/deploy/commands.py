@@ -1,0 +1,127 @@
+"""`specdeploy up | down | status | logs`: thin wrappers over deploy_up / deploy_down and the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specdeploy.deploy.deployment import (
+    DEFAULT_HEALTH_TIMEOUT_S,
+    DEFAULT_STOP_GRACE_S,
+    deploy_down,
+    deploy_up,
+    deployment_status,
+    load_deployment,
+    preview_up,
+)
+from specdeploy.deploy.hardware import DetectedHardware, detect_hardware, profile_for
+from specdeploy.deploy.launchers import LAUNCHERS, get_launcher, with_port
+from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir
+from specdeploy.deploy.render import print_deployment, print_preview, print_smoke, print_status
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.recipes.loader import list_hardware, load_hardware
+
+RunDirArgument = Annotated[
+    Path | None, typer.Argument(help="Run directory of the deployment (default: the newest `up`).")
+]
+
+
+def _plan_for(
+    recipe: str, hardware: str, mode: str, budget: int | None
+) -> tuple[LaunchPlan, DetectedHardware | None]:
+    """The LaunchPlan, and the detected hardware when `--hardware auto` had to look."""
+    from specdeploy.plan import make_plan
+
+    detected = None
+    if hardware == "auto":
+        detected = detect_hardware()
+        profile = profile_for(detected, list_hardware())
+    else:
+        profile = load_hardware(hardware)
+    return make_plan(recipe, profile, mode, budget=budget), detected
+
+
+def up(
+    recipe: Annotated[str, typer.Argument(help="Recipe name (`kimi-k2.6`) or a recipe .toml file.")],
+    hardware: Annotated[str, typer.Option(help="`auto` (detect the GPUs) or a hardware profile.")] = "auto",
+    mode: Annotated[str, typer.Option(help="ar, dflash, ddtree or eagle3.")] = "dflash",
+    budget: Annotated[int | None, typer.Option(help="DDTree draft-tree budget (nodes per step).")] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(help=f"{', '.join(LAUNCHERS)} (default: reference for CPU plans, docker otherwise)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Plan and preflight only; launch nothing.")
+    ] = False,
+    port: Annotated[int | None, typer.Option(help="Serve on this port instead of the plan's.")] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Run directory (default: runs/<time>-<recipe>-<mode>).")
+    ] = None,
+    health_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the server.")
+    ] = DEFAULT_HEALTH_TIMEOUT_S,
+    smoke: Annotated[bool, typer.Option(help="Send a few prompts once healthy.")] = True,
+) -> None:
+    """Preflight, download the weights, launch, wait for health, smoke-test and record a deployment."""
+    console = Console()
+    plan, detected = _plan_for(recipe, hardware, mode, budget)
+    if port is not None:
+        plan = with_port(plan, port)
+    chosen = launcher or ("reference" if plan.engine.name == "reference" else "docker")
+    if chosen not in LAUNCHERS:
+        raise SpecdeployError(f"unknown launcher {chosen!r}: use one of {', '.join(LAUNCHERS)}")
+    run_dir = run_dir or default_run_dir(plan, DEFAULT_RUNS_ROOT)
+    if dry_run:
+        preview = preview_up(plan, chosen, run_dir, hardware=detected)
+        print_preview(console, plan, preview)
+        preview.preflight.raise_on_failure()
+        return
+    deployment = deploy_up(
+        plan, chosen, run_dir, hardware=detected, health_timeout_s=health_timeout, smoke=smoke
+    )
+    print_smoke(console, deployment.manifest.smoke if deployment.manifest else None)
+    print_deployment(console, deployment)
+
+
+def down(
+    run_dir: RunDirArgument = None,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = DEFAULT_STOP_GRACE_S,
+) -> None:
+    """Stop a deployment (SIGTERM, then SIGKILL after the grace period) and mark its run directory stopped."""
+    deployment = load_deployment(find_run_dir(run_dir))
+    if deployment.record.state == "stopped":
+        typer.echo(f"{deployment.run_dir}: already stopped")
+        return
+    deploy_down(deployment, grace)
+    typer.echo(f"{deployment.run_dir}: stopped")
+
+
+def status(
+    run_dir: RunDirArgument = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Recorded state of a deployment, and whether its server is alive and healthy now."""
+    report = deployment_status(load_deployment(find_run_dir(run_dir)))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    print_status(Console(), report)
+
+
+def logs(
+    run_dir: RunDirArgument = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many of the last lines.")] = 100,
+) -> None:
+    """The last lines of the deployment's server log (docker logs for containers that still exist)."""
+    handle = load_deployment(find_run_dir(run_dir)).handle
+    typer.echo("\n".join(get_launcher(handle.launcher).tail(handle, lines)))
+
+
+def register(app: typer.Typer) -> None:
+    for command in (up, down, status, logs):
+        app.command(command.__name__)(command)
