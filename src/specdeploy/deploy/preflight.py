@@ -157,7 +157,7 @@ def check_disk(
         return _fail(
             "disk",
             f"the weights need {_gb(needed)}, only {where}; free space, or point HF_HUB_CACHE at a larger disk "
-            "(already-downloaded files count towards the total and are resumed, not fetched again)",
+            "(files already in the cache are not fetched again)",
         )
     if free < DISK_MARGIN * needed:
         return _warn("disk", f"the weights need {_gb(needed)}, {where}: little room for logs and caches")

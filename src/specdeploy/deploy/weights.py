@@ -96,7 +96,8 @@ def download_from_hub(
     console: Console | None = None,
     endpoint: str | None = None,
 ) -> Path:
-    """snapshot_download at the pinned revision; interrupted downloads resume from the partial files."""
+    """snapshot_download at the pinned revision. Finished files stay in the cache, so a rerun after an
+    interruption fetches only the missing ones (huggingface_hub >= 2 restarts a half-finished file)."""
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -134,4 +135,4 @@ def fetch_model(
         return validate_checkpoint_dir(resolve_zoo_model(model.path))
     if location == "local":
         return validate_checkpoint_dir(Path(model.path).expanduser())
-    return download_from_hub(model, cache_dir, console, endpoint)
+    return validate_checkpoint_dir(download_from_hub(model, cache_dir, console, endpoint))
