@@ -19,6 +19,7 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,21 +49,32 @@ class FakeServer:
         self.truth: dict[str, Truth] = {}  # by prompt text
         self.flushes = 0
         self.requests = 0
+        self.on_request: Callable[[int], None] | None = None  # called with the running request count
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/completions", self._openai)
-        app.router.add_get("/health", lambda _: web.Response(text=""))
+        app.router.add_get("/health", self._health)
         app.router.add_get("/server_info", self._server_info)
-        app.router.add_get("/model_info", lambda _: web.json_response({"model_path": self.model}))
-        app.router.add_get("/v1/models", lambda _: web.json_response({"data": [{"id": self.model}]}))
+        app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/v1/models", self._models)
         app.router.add_post("/flush_cache", self._flush)
-        app.router.add_get(
-            "/truth", lambda _: web.json_response({k: asdict(v) for k, v in self.truth.items()})
-        )
+        app.router.add_get("/truth", self._truth)
         return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model})
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": self.model}]})
+
+    async def _truth(self, _: web.Request) -> web.Response:
+        return web.json_response({k: asdict(v) for k, v in self.truth.items()})
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response({"engine": "fake", "plan": asdict(self.plan)})
@@ -75,6 +87,8 @@ class FakeServer:
         """Yields the cumulative token count at each chunk, keeping the schedule against drift."""
         truth = self.truth[key] = Truth(received_ns=time.monotonic_ns())
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request(self.requests)
         total = min(self.plan.output_tokens, max_new)
         due = truth.received_ns / 1e9 + self.plan.ttft_s
         for tokens in range(
