@@ -1,6 +1,8 @@
 import hashlib
 import json
+import sys
 import threading
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -120,3 +122,18 @@ def test_download_at_pinned_revision_then_nothing_twice(fake_hub, tmp_path):
     FakeHubFiles.requests = []
     assert fetch_model(ref("org/model", revision="v1.0"), cache_dir=tmp_path, endpoint=fake_hub) == directory
     assert not [request for request in FakeHubFiles.requests if "/resolve/" in request[1]]
+
+
+def test_zoo_names_resolve_through_the_zoo_registry(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    asked = []
+
+    def resolve_model_path(name):
+        asked.append(name)
+        return tmp_path
+
+    monkeypatch.setitem(
+        sys.modules, "specdeploy.zoo.registry", types.SimpleNamespace(resolve_model_path=resolve_model_path)
+    )
+    assert fetch_model(ref("zoo:tiny-qwen3")) == tmp_path and asked == ["zoo:tiny-qwen3"]

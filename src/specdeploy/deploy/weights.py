@@ -64,14 +64,13 @@ def validate_checkpoint_dir(directory: Path) -> Path:
 
 def resolve_zoo_model(path: str) -> Path:
     """`zoo:NAME` -> the shipped tiny model's directory, through the zoo registry."""
-    name = path.removeprefix(ZOO_PREFIX)
     try:
         registry = importlib.import_module("specdeploy.zoo.registry")
     except ModuleNotFoundError as exc:
         raise SpecdeployError(
             f"cannot resolve {path}: this specdeploy has no zoo registry (specdeploy.zoo.registry)"
         ) from exc
-    return Path(registry.resolve_model_path(name))
+    return Path(registry.resolve_model_path(path))  # takes `zoo:NAME` whole, as the engine's loader does
 
 
 def rich_tqdm_class(progress: Progress) -> type[tqdm]:
