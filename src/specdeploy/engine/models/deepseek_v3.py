@@ -1,0 +1,181 @@
+"""DeepSeek-V3 (the Kimi K2.x text model): multi-head latent attention (MLA) and a sigmoid-routed MoE.
+
+Layers below `first_k_dense_replace` use a dense SwiGLU MLP; the others route each token to
+`num_experts_per_tok` of `n_routed_experts` experts (restricted to the `topk_group` best of `n_group`
+groups) and add `n_shared_experts` always-on experts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdeploy.engine.cache import KVCache
+from specdeploy.engine.models.base import TargetConfig, TargetModel
+from specdeploy.engine.models.layers import (
+    DecoderLayer,
+    RMSNorm,
+    Rope,
+    RotaryEmbedding,
+    SwiGLU,
+    apply_rope,
+    attend,
+    config_value,
+    mix_experts,
+    require_silu,
+    rope_parameters,
+    yarn_mscale,
+)
+
+# DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
+def softmax_scale(config: dict[str, Any], rope: dict[str, Any], qk_head_dim: int) -> float:
+    """1/sqrt(qk_head_dim), times mscale(factor, mscale_all_dim)^2 under YaRN, as transformers does."""
+    scale = qk_head_dim**-0.5
+    mscale_all_dim = rope.get("mscale_all_dim")
+    if rope["rope_type"] != "default" and mscale_all_dim:
+        factor = (
+            rope.get("factor") or config["max_position_embeddings"] / rope["original_max_position_embeddings"]
+        )
+        scale *= yarn_mscale(factor, mscale_all_dim) ** 2
+    return scale
+
+
+class MultiLatentAttention(nn.Module):
+    """MLA, with the cache holding the compressed latent, not expanded keys and values.
+
+    Per position the cache keeps [normalised kv latent (kv_lora_rank) | rotated shared rope key
+    (qk_rope_head_dim)]: 576 values for Kimi against 64 heads x 320 expanded, which is the layout SGLang's
+    MLA backends keep and what makes long contexts fit. Attention then runs in latent space ("weight
+    absorption"): kv_b_proj's key half maps each query into the latent, its value half maps the attended
+    latent back out, so cached positions are never re-expanded.
+    """
+
+    def __init__(self, config: dict[str, Any], rope: dict[str, Any], layer_idx: int) -> None:
+        super().__init__()
+        hidden = config["hidden_size"]
+        self.layer_idx = layer_idx
+        self.heads = config["num_attention_heads"]
+        self.q_lora_rank = config.get("q_lora_rank")  # null means a plain q_proj, so no default here
+        self.kv_lora_rank = config["kv_lora_rank"]
+        self.nope_dim, self.rope_dim = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+        self.v_dim = config["v_head_dim"]
+        self.interleaved = config_value(config, "rope_interleave", True)
+        bias = config_value(config, "attention_bias", False)
+        qk_head_dim = self.nope_dim + self.rope_dim
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, self.heads * qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, self.heads * qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v_dim, hidden, bias=bias)
+        self.scale = softmax_scale(config, rope, qk_head_dim)
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
+    ) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q = (
+            self.q_proj(x)
+            if self.q_lora_rank is None
+            else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        )
+        q_nope, q_rot = (
+            q.view(batch, tokens, self.heads, -1).transpose(1, 2).split([self.nope_dim, self.rope_dim], -1)
+        )
+        latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], -1)
+        q_rot = apply_rope(q_rot, rope, self.interleaved)
+        k_rot = apply_rope(k_rot[:, None], rope, self.interleaved)[:, 0]
+        entry = torch.cat([self.kv_a_layernorm(latent), k_rot], dim=-1)
+        if cache is not None:
+            (entry,) = cache.append(self.layer_idx, entry)
+
+        up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
+        query = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, key_up), q_rot], dim=-1)
+        keys = entry[:, None]  # one latent "head" shared by all query heads
+        out = attend(query, keys, keys[..., : self.kv_lora_rank], visible, self.scale)
+        out = torch.einsum("bhtr,hvr->bthv", out, value_up).reshape(batch, tokens, -1)
+        return self.o_proj(out)
+
+
+class GroupLimitedRouter(nn.Module):
+    """Sigmoid scores; the bias-corrected scores pick groups then experts, the raw scores weight them."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        num_experts = config["n_routed_experts"]
+        self.top_k = config["num_experts_per_tok"]
+        self.n_group = config_value(config, "n_group", 1)  # absent or null: one group, no group limit
+        self.topk_group = config_value(config, "topk_group", self.n_group)
+        self.norm_topk_prob = config_value(config, "norm_topk_prob", True)
+        self.routed_scaling_factor = config_value(config, "routed_scaling_factor", 2.5)
+        self.weight = nn.Parameter(torch.empty(num_experts, config["hidden_size"]))
+        self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> (weights float32 [N, top_k], expert indices [N, top_k])."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias
+        # A group's score is the sum of its two best experts' scores.
+        group_scores = choice.view(x.shape[0], self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+        groups = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
+        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        allowed = allowed.repeat_interleave(choice.shape[1] // self.n_group, dim=1)
+        indices = choice.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, indices)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scaling_factor, indices
+
+
+class DeepseekV3MoE(nn.Module):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, expert_size = config["hidden_size"], config["moe_intermediate_size"]
+        self.gate = GroupLimitedRouter(config)
+        # One module per expert, so that the checkpoint's experts.N.* names load unchanged.
+        self.experts = nn.ModuleList(SwiGLU(hidden, expert_size) for _ in range(config["n_routed_experts"]))
+        self.shared_experts = SwiGLU(hidden, expert_size * config_value(config, "n_shared_experts", 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, indices = self.gate(flat)
+        return mix_experts(flat, self.experts, weights, indices).view_as(x) + self.shared_experts(x)
+
+
+class DeepseekV3ForCausalLM(TargetModel):
+    keep_fp32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")  # routing decisions stay float32
+
+    def __init__(self, config: TargetConfig) -> None:
+        super().__init__()
+        raw = config.raw
+        require_silu(raw)
+        rope = rope_parameters(raw)
+        eps = config_value(raw, "rms_norm_eps", 1e-6)
+        first_moe = config_value(raw, "first_k_dense_replace", 3)
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                MultiLatentAttention(raw, rope, i),
+                DeepseekV3MoE(raw)
+                if i >= first_moe
+                else SwiGLU(config.hidden_size, raw["intermediate_size"]),
+                config.hidden_size,
+                eps,
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(rope, raw["qk_rope_head_dim"], config.max_position_embeddings)
