@@ -7,6 +7,7 @@ import sys
 import typer
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.zoo import cli as zoo_cli
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -27,6 +28,9 @@ def main() -> None:
 @app.callback()
 def _root() -> None:
     """Deploy and benchmark speculative decoding (DFlash, DDTree) reproducibly."""
+
+
+app.add_typer(zoo_cli.app, name="zoo")
 
 
 if __name__ == "__main__":

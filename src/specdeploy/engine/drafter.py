@@ -45,6 +45,50 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
+def new_drafter_config(
+    *,
+    hidden_size: int,
+    num_target_layers: int,
+    vocab_size: int,
+    mask_token_id: int,
+    block_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    rope_theta: float,
+    rope_scaling: dict[str, Any] | None = None,
+    rms_norm_eps: float = 1e-6,
+) -> dict[str, Any]:
+    """config.json of a new drafter for a target, laid out as z-lab's published checkpoints are."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": rms_norm_eps,
+        "attention_bias": False,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": False,
+        "num_target_layers": num_target_layers,
+        "block_size": block_size,
+        "dflash_config": {
+            "target_layer_ids": build_target_layer_ids(num_target_layers, num_layers),
+            "mask_token_id": mask_token_id,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
     """What the layers need to know, read from a z-lab config.json."""
