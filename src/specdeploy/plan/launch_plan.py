@@ -63,12 +63,14 @@ class MemoryTable(_Frozen):
     gpu_memory: int
     weights_per_gpu: int
     drafter_per_gpu: int
+    recurrent_state_per_gpu: int = 0  # Gated DeltaNet / Mamba state of all running requests
     cuda_graph_reserve: int
     activation_reserve: int
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # per GPU: the target's share plus the drafter's
     kv_budget_per_gpu: int
     kv_tokens_fit: int
-    mem_fraction_static: float
+    full_length_requests: int = 0  # requests of the full context length whose KV fits at once
+    mem_fraction_static: float | None  # None for the reference engine, which has no static pool
 
 
 class Reason(_Frozen):
@@ -99,6 +101,7 @@ class LaunchPlan(_Frozen):
     memory: MemoryTable
     warnings: list[str]
     reasons: list[Reason]
+    summary: str = ""  # one line: what runs where
 
     @property
     def launcher_prefix(self) -> tuple[str, ...]:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 has no TOML reader in the standard library
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.recipes.schema import HardwareProfile, Recipe
@@ -51,7 +58,8 @@ def _load(name_or_path: str, kind: str, model: type[Data], what: str) -> Data:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(part) for part in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors()
         )
         raise SpecdeployError(f"{what} {name_or_path} is invalid: {problems}") from exc
 

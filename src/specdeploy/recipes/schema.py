@@ -75,9 +75,6 @@ class Recipe(_Data):
     tool_call_parser: str | None = None
     default_context_length: int = Field(gt=0)
     default_max_running_requests: int = Field(gt=0)
-    # Extra SGLang flags this model family needs, with the reason shown in every plan.
-    extra_args: list[str] = Field(default_factory=list)
-    extra_args_reason: str | None = None
     known_issues: list[str] = Field(default_factory=list)  # repeated as warnings in every plan
 
     @model_validator(mode="after")
@@ -87,8 +84,6 @@ class Recipe(_Data):
                 f"default_context_length {self.default_context_length} exceeds the target's "
                 f"context_length {self.target.context_length}"
             )
-        if self.extra_args and not self.extra_args_reason:
-            raise ValueError("extra_args needs an extra_args_reason saying why")
         return self
 
 

@@ -1,0 +1,313 @@
+"""make_plan: (recipe, hardware, mode, overrides) -> LaunchPlan. Pure: no downloads, no GPUs."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan import sglang_args
+from specdeploy.plan.backends import choose_attention
+from specdeploy.plan.engines import (
+    DDTREE_COMMIT,
+    DDTREE_PR,
+    reference_engine,
+    sglang_ddtree_build,
+    sglang_release,
+)
+from specdeploy.plan.launch_plan import (
+    REFERENCE_LAUNCH,
+    GpuRequirement,
+    LaunchPlan,
+    MemoryTable,
+    Mode,
+    ModelRef,
+    Reason,
+)
+from specdeploy.plan.memory import Workload, budget_memory, gib
+from specdeploy.recipes.loader import load_hardware, load_recipe
+from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
+
+MODES: tuple[str, ...] = get_args(Mode)
+DEFAULT_PORT = 30000
+DEFAULT_HOST = "127.0.0.1"  # launchers for containers and clusters bind 0.0.0.0 themselves
+# The paper's best DDTree budgets were 256-512 on dense 8B models; MoE targets activate more experts per node.
+LARGE_MOE_BUDGET = 64
+
+
+def make_plan(
+    recipe: Recipe | str,
+    hardware: HardwareProfile | str,
+    mode: str,
+    budget: int | None = None,
+    tp: int | None = None,
+    context_length: int | None = None,
+    max_running_requests: int | None = None,
+    nnodes: int = 1,
+    attention_backend: str | None = None,
+    port: int = DEFAULT_PORT,
+) -> LaunchPlan:
+    """Decide everything about one launch; raise SpecdeployError for combinations that cannot work.
+
+    Names are resolved through the shipped recipe data (the only read it does); objects are used as given.
+    """
+    recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
+    hardware = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    _check_request(recipe, hardware, mode, budget, nnodes)
+    drafter = _drafter(recipe, mode)
+    context = context_length or recipe.default_context_length
+    running = max_running_requests or recipe.default_max_running_requests
+    _check_limits(recipe, context, running, port)
+    block = recipe.dflash.block_size
+    if mode == "ddtree" and budget is None:
+        budget = block - 1
+    full_tree = mode == "ddtree" and budget is not None and budget > block - 1
+    reference = recipe.engine == "reference"
+    total_gpus = max(1, hardware.gpu_count) * nnodes
+
+    def workload(tp_size: int) -> Workload:
+        return Workload(
+            tp=tp_size,
+            context_length=context,
+            max_running_requests=running,
+            cuda_graph_max_bs=None if reference else running,
+            speculative=mode != "ar",
+        )
+
+    tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
+    warnings = _warnings(
+        recipe, hardware, mode, budget, full_tree, drafter, memory, tp_size, total_gpus, nnodes
+    )
+    warnings += _memory_warnings(memory, context, running)
+    if reference:
+        argv = _reference_argv(recipe, mode, budget, drafter, context, running, port)
+        engine, env, reasons = reference_engine(), {}, [tp_reason]
+    else:
+        attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
+        args = sglang_args.server_args(
+            recipe,
+            mode,
+            budget,
+            drafter,
+            attention,
+            tp_size,
+            nnodes,
+            context,
+            running,
+            memory,
+            DEFAULT_HOST,
+            port,
+        )
+        argv = [*sglang_args.LAUNCH, *args.argv]
+        env = sglang_args.environment(hardware, tp_size)
+        reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
+        engine = sglang_ddtree_build() if mode == "ddtree" else sglang_release()
+    return LaunchPlan(
+        recipe=recipe.name,
+        hardware=hardware.name,
+        mode=mode,
+        budget=budget,
+        tp=tp_size,
+        engine=engine,
+        argv=argv,
+        env=env,
+        host=DEFAULT_HOST,
+        port=port,
+        models=_model_refs(recipe, drafter),
+        gpus=GpuRequirement(
+            profile=hardware.name,
+            gpu_model=hardware.gpu_model,
+            count=hardware.gpu_count,
+            memory_bytes_per_gpu=hardware.memory_bytes,
+            compute_capability=hardware.compute_capability,
+            interconnect=hardware.interconnect,
+            nnodes=nnodes,
+        ),
+        memory=memory,
+        warnings=warnings,
+        reasons=reasons,
+        summary=_summary(recipe, hardware, mode, budget, tp_size, nnodes),
+    )
+
+
+def _check_request(
+    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: int | None, nnodes: int
+) -> None:
+    if mode not in MODES:
+        raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+    if recipe.engine != hardware.engine:
+        if recipe.engine == "reference":
+            raise SpecdeployError(
+                f"{recipe.name} is a zoo pair served by the reference engine, and {hardware.name} is an SGLang "
+                "GPU profile: use --hardware cpu (or a GPU recipe such as qwen3-8b on this profile)"
+            )
+        raise SpecdeployError(
+            f"{recipe.name} runs on SGLang GPUs, and {hardware.name} is the reference engine's CPU profile: "
+            "pick a GPU profile (`specdeploy recipes` lists them), or a zoo pair such as tiny-code for CPU"
+        )
+    if budget is not None and mode != "ddtree":
+        raise SpecdeployError(f"--budget is DDTree's tree size; mode {mode} takes none (use --mode ddtree)")
+    if budget is not None and budget < 1:
+        raise SpecdeployError(f"--budget must be at least 1 draft-tree node, got {budget}")
+    if nnodes < 1:
+        raise SpecdeployError(f"--nnodes must be at least 1, got {nnodes}")
+    if nnodes > 1 and recipe.engine == "reference":
+        raise SpecdeployError("the reference engine runs in one process: --nnodes > 1 needs an SGLang recipe")
+    for drafter in (recipe.dflash, recipe.eagle3):
+        if drafter is not None and drafter.trained_for != recipe.target.path:
+            raise SpecdeployError(
+                f"recipe {recipe.name} pairs drafter {drafter.path} (trained for {drafter.trained_for}) with "
+                f"target {recipe.target.path}: a drafter on the wrong target accepts almost nothing; use the "
+                f"drafter trained for {recipe.target.path}"
+            )
+
+
+def _drafter(recipe: Recipe, mode: str) -> ModelFacts | None:
+    if mode == "ar":
+        return None
+    if mode == "eagle3":
+        if recipe.eagle3 is None:
+            raise SpecdeployError(
+                f"{recipe.name} has no EAGLE3 drafter: use --mode dflash or ddtree, or add an [eagle3] table "
+                "to the recipe (kimi-k2.6 has one)"
+            )
+        return recipe.eagle3
+    return recipe.dflash
+
+
+def _check_limits(recipe: Recipe, context: int, running: int, port: int) -> None:
+    if not 1 <= context <= recipe.target.context_length:
+        raise SpecdeployError(
+            f"--context-length {context} is outside 1..{recipe.target.context_length} "
+            f"({recipe.target.path} supports {recipe.target.context_length} tokens)"
+        )
+    if running < 1:
+        raise SpecdeployError(f"--max-running-requests must be at least 1, got {running}")
+    if not 1 <= port <= 65535:
+        raise SpecdeployError(f"port {port} is outside 1..65535")
+
+
+def _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload) -> tuple[int, MemoryTable, Reason]:
+    if recipe.engine == "reference":
+        if tp not in (None, 1):
+            raise SpecdeployError("the reference engine runs on one device: drop --tp (or use --tp 1)")
+        memory = budget_memory(recipe.target, drafter, hardware, workload(1), recipe.name)
+        return 1, memory, Reason(choice="one process", why="the reference engine serves from one CPU process")
+    if tp is not None:
+        if not 1 <= tp <= total_gpus:
+            raise SpecdeployError(f"--tp {tp} is outside 1..{total_gpus} (the GPUs of {hardware.name})")
+        memory = budget_memory(recipe.target, drafter, hardware, workload(tp), recipe.name)
+        return tp, memory, Reason(choice=f"--tp-size {tp}", why="chosen with --tp")
+    try:
+        memory = budget_memory(recipe.target, drafter, hardware, workload(1), recipe.name)
+        why = "the model fits on one GPU: no all-reduce at all; pass --tp to shard it anyway"
+        return 1, memory, Reason(choice="--tp-size 1", why=why)
+    except SpecdeployError:
+        if total_gpus == 1:
+            raise
+    memory = budget_memory(recipe.target, drafter, hardware, workload(total_gpus), recipe.name)
+    why = (
+        f"the model needs more than one GPU, so it is sharded over all {total_gpus}: the memory the weights "
+        "leave free becomes KV cache; pass --tp for fewer"
+    )
+    return total_gpus, memory, Reason(choice=f"--tp-size {total_gpus}", why=why)
+
+
+def _model_refs(recipe: Recipe, drafter: ModelFacts | None) -> list[ModelRef]:
+    def ref(model: ModelFacts, role: str) -> ModelRef:
+        return ModelRef(
+            role=role,
+            path=model.path,
+            revision=model.revision,
+            gated=model.gated,
+            disk_bytes=model.disk_bytes,
+            access_url=model.access_url,
+        )
+
+    return [ref(recipe.target, "target"), *([ref(drafter, "drafter")] if drafter else [])]
+
+
+def _warnings(
+    recipe, hardware, mode, budget, full_tree, drafter, memory, tp, total_gpus, nnodes
+) -> list[str]:
+    warnings: list[str] = []
+    for model in (recipe.target, drafter):
+        # Zoo models ship inside the package, so the package version pins them.
+        if model is not None and model.revision is None and not model.is_zoo:
+            warnings.append(
+                f"{model.path} has no pinned revision: the server loads whatever `main` is at launch time; "
+                "pin a commit in the recipe for reproducible runs"
+            )
+        if model is not None and model.gated:
+            warnings.append(
+                f"{model.path} is gated: request access at {model.access_url} and export HF_TOKEN before `up`"
+            )
+    if mode == "ddtree":
+        warnings.append(
+            f"DDTree runs an unmerged SGLang build: PR #{DDTREE_PR} at commit {DDTREE_COMMIT[:10]} laid over the "
+            "0.5.23 image (see engine.install); that commit is the newest the public index holds and the PR may "
+            "have moved; the build is checked against the PR's flags, not by a released parser"
+        )
+        if full_tree and recipe.target.attention == "hybrid":
+            warnings.append(
+                f"{recipe.target.path} has recurrent (Gated DeltaNet) layers: tree verification must fork their "
+                "state per branch; earlier runs on Qwen3.6-27B saw acceptance collapse at budget 64 "
+                "(budget 15 was best); sweep small budgets first"
+            )
+        if full_tree and "MoE" in recipe.description and budget > LARGE_MOE_BUDGET:
+            warnings.append(
+                f"budget {budget} on a MoE target: every extra verify token activates more experts, and the "
+                "best budget for MoE is lower than the paper's 256-512 on dense models"
+            )
+    if hardware.interconnect == "pcie" and tp > 1:
+        warnings.append(
+            "PCIe-only GPUs: if NCCL hangs at startup, check IOMMU/ACS settings in the BIOS/kernel; "
+            "NCCL_P2P_DISABLE=1 works around it at a large speed cost"
+        )
+    if tp < total_gpus:
+        warnings.append(f"TP{tp} uses {tp} of the {total_gpus} GPUs; the others stay idle")
+    if nnodes > 1:
+        warnings.append(
+            f"tensor parallelism spans {nnodes} nodes: every all-reduce crosses the network; "
+            "render with --format k8s (or sh with NODE_RANK and DIST_INIT_ADDR set on each node)"
+        )
+    unverified = [
+        f"{m.path}: {', '.join(m.unverified)}" for m in (recipe.target, drafter) if m and m.unverified
+    ]
+    unverified += [f"{hardware.name}: {', '.join(hardware.unverified)}"] if hardware.unverified else []
+    if unverified:
+        warnings.append("the memory table rests on unverified facts: " + "; ".join(unverified))
+    warnings += recipe.known_issues
+    return warnings
+
+
+def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[str]:
+    if memory.full_length_requests >= running:
+        return []
+    return [
+        f"the KV cache holds {memory.kv_tokens_fit} tokens per GPU ({gib(memory.kv_budget_per_gpu)}): only "
+        f"{memory.full_length_requests} of the {running} running requests can reach the full "
+        f"--context-length {context} at once; SGLang queues or retracts the rest"
+    ]
+
+
+def _reference_argv(recipe, mode, budget, drafter, context, running, port) -> list[str]:
+    argv = [*REFERENCE_LAUNCH, "--target", recipe.target.path, "--mode", mode]
+    if drafter is not None:
+        argv += ["--draft", drafter.path]
+    if budget is not None:
+        argv += ["--budget", str(budget)]
+    argv += ["--host", DEFAULT_HOST, "--port", str(port)]
+    argv += ["--max-running-requests", str(running), "--context-length", str(context)]
+    return argv
+
+
+def _summary(recipe, hardware, mode, budget, tp, nnodes) -> str:
+    how = {
+        "ar": "plain autoregressive decoding (the baseline)",
+        "dflash": f"DFlash block drafting ({recipe.dflash.block_size} tokens per block, {recipe.dflash.path})",
+        "ddtree": f"DDTree draft trees of {budget} nodes from one DFlash pass ({recipe.dflash.path})",
+        "eagle3": f"EAGLE3 drafting ({recipe.eagle3.path})" if recipe.eagle3 else "EAGLE3",
+    }[mode]
+    where = f"{hardware.description}" + (f", {nnodes} nodes" if nnodes > 1 else "")
+    engine = "the reference engine" if recipe.engine == "reference" else f"SGLang at TP{tp}"
+    return f"{recipe.target.path} with {how}, served by {engine} on {where}"

@@ -1,0 +1,150 @@
+"""Per-GPU memory budget: weights, drafter, recurrent state, CUDA graphs, and the KV tokens that fit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan.launch_plan import MemoryTable
+from specdeploy.recipes.schema import HardwareProfile, ModelFacts, TargetFacts
+
+GIB = 1 << 30
+MIB = 1 << 20
+# Heuristics (not measured here): CUDA-graph private pools grow with the captured batch size, and
+# speculative modes capture both draft and verify graphs.
+GRAPH_BASE_BYTES = 512 * MIB
+GRAPH_BYTES_PER_BATCH = 32 * MIB
+# CUDA context, NCCL buffers and allocator slack, plus prefill activations for one chunk of this many tokens.
+RUNTIME_BASE_BYTES = 2 * GIB
+PREFILL_CHUNK_TOKENS = 8192
+ACTIVATION_COPIES = 16  # live hidden-sized tensors per prefill token (MLP intermediates, residuals, logits)
+# SGLang's own automatic value stays at or below this on large GPUs; above it fragmentation bites.
+MAX_MEM_FRACTION = 0.92
+MIN_MEM_FRACTION = 0.5
+# The reference engine computes in fp32 on CPU: twice the bf16 bytes of the checkpoint.
+REFERENCE_DTYPE_FACTOR = 2
+REFERENCE_RUNTIME_BYTES = 256 * MIB
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class Workload:
+    tp: int
+    context_length: int
+    max_running_requests: int
+    cuda_graph_max_bs: int | None  # None: no CUDA graphs (reference engine)
+    speculative: bool
+
+
+def weights_per_gpu(model: ModelFacts, tp: int) -> int:
+    return model.replicated_bytes + math.ceil((model.disk_bytes - model.replicated_bytes) / tp)
+
+
+def kv_bytes_per_gpu(model: ModelFacts, tp: int) -> int:
+    """KV heads split across TP ranks; with more ranks than heads (and for MLA's one latent) they replicate."""
+    heads_per_gpu = max(1, model.kv_heads // tp)
+    return model.kv_bytes_per_token * heads_per_gpu // model.kv_heads
+
+
+def _reserves(target: TargetFacts, hardware: HardwareProfile, work: Workload) -> tuple[int, int]:
+    """(CUDA-graph reserve, runtime and activation reserve) per GPU."""
+    if work.cuda_graph_max_bs is None:
+        return 0, REFERENCE_RUNTIME_BYTES
+    graphs = (GRAPH_BASE_BYTES + GRAPH_BYTES_PER_BATCH * work.cuda_graph_max_bs) * (
+        2 if work.speculative else 1
+    )
+    activations = RUNTIME_BASE_BYTES + ACTIVATION_COPIES * target.hidden * PREFILL_CHUNK_TOKENS * 2
+    return graphs, activations
+
+
+def budget_memory(
+    target: TargetFacts,
+    drafter: ModelFacts | None,
+    hardware: HardwareProfile,
+    work: Workload,
+    recipe_name: str,
+) -> MemoryTable:
+    """The table, or a SpecdeployError that shows the arithmetic when the model does not fit."""
+    reference = work.cuda_graph_max_bs is None
+    factor = REFERENCE_DTYPE_FACTOR if reference else 1
+    gpu = hardware.memory_bytes
+    graphs, activations = _reserves(target, hardware, work)
+    if reference:
+        fraction = None
+        usable = gpu - activations
+    else:
+        fraction = math.floor((gpu - graphs - activations) / gpu * 100) / 100
+        fraction = min(MAX_MEM_FRACTION, fraction)
+        if fraction < MIN_MEM_FRACTION:
+            raise SpecdeployError(
+                f"{hardware.name}: CUDA graphs ({gib(graphs)}) and activations ({gib(activations)}) leave less "
+                f"than half of the {gib(gpu)} per GPU for weights and KV cache: lower --max-running-requests"
+            )
+        usable = int(gpu * fraction)
+    weights = weights_per_gpu(target, work.tp) * factor
+    draft_weights = weights_per_gpu(drafter, work.tp) * factor if drafter else 0
+    recurrent = (
+        math.ceil(target.recurrent_state_bytes_per_request / work.tp) * work.max_running_requests * factor
+    )
+    kv_budget = usable - weights - draft_weights - recurrent
+    per_token = (
+        kv_bytes_per_gpu(target, work.tp) + (kv_bytes_per_gpu(drafter, work.tp) if drafter else 0)
+    ) * factor
+    tokens = max(0, kv_budget) // per_token
+    if tokens < work.context_length:
+        raise SpecdeployError(
+            _does_not_fit(
+                recipe_name, hardware, work, usable, fraction, weights, draft_weights, recurrent, tokens
+            )
+        )
+    return MemoryTable(
+        gpu_memory=gpu,
+        weights_per_gpu=weights,
+        drafter_per_gpu=draft_weights,
+        recurrent_state_per_gpu=recurrent,
+        cuda_graph_reserve=graphs,
+        activation_reserve=activations,
+        kv_bytes_per_token=per_token,
+        kv_budget_per_gpu=kv_budget,
+        kv_tokens_fit=tokens,
+        full_length_requests=tokens // work.context_length,
+        mem_fraction_static=fraction,
+    )
+
+
+def _does_not_fit(
+    recipe_name: str,
+    hardware: HardwareProfile,
+    work: Workload,
+    usable: int,
+    fraction: float | None,
+    weights: int,
+    draft_weights: int,
+    recurrent: int,
+    tokens: int,
+) -> str:
+    share = (
+        f"{fraction:.2f} x {gib(hardware.memory_bytes)}"
+        if fraction
+        else f"{gib(hardware.memory_bytes)} less runtime"
+    )
+    need = weights + draft_weights + recurrent
+    parts = f"weights {gib(weights)} + drafter {gib(draft_weights)}"
+    if recurrent:
+        parts += f" + recurrent state {gib(recurrent)} ({work.max_running_requests} requests)"
+    if need >= usable:
+        total_gpus = math.ceil(need * work.tp / usable)
+        return (
+            f"{recipe_name} does not fit on {hardware.name} at TP{work.tp}: per GPU {parts} = {gib(need)} > "
+            f"{gib(usable)} usable ({share}); the weights alone need at least {total_gpus} GPUs of this size: "
+            "use a higher --tp or a profile with more (or larger) GPUs"
+        )
+    return (
+        f"{recipe_name} on {hardware.name} at TP{work.tp}: after {parts} the KV cache holds {tokens} tokens per "
+        f"GPU, fewer than one request of --context-length {work.context_length}: lower --context-length "
+        f"to {tokens} or less, lower --max-running-requests, or use more GPUs"
+    )

@@ -1,0 +1,171 @@
+"""SGLang command line and environment for a plan, each hardware- or mode-specific choice with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdeploy.plan.backends import AttentionChoice
+from specdeploy.plan.engines import DDTREE_ALGORITHM, DDTREE_PR
+from specdeploy.plan.launch_plan import SGLANG_LAUNCH, MemoryTable, Reason
+from specdeploy.plan.memory import gib
+from specdeploy.recipes.schema import (
+    DFlashDrafterFacts,
+    Eagle3DrafterFacts,
+    HardwareProfile,
+    ModelFacts,
+    Recipe,
+)
+
+LAUNCH = SGLANG_LAUNCH
+PCIE_IPC_ALLREDUCE = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+# SGLang disables its custom all-reduce on PCIe boxes with more than two GPUs; the IPC one covers TP 4 and 8.
+PCIE_IPC_MIN_TP = 4
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    argv: list[str]
+    reasons: list[Reason]
+
+
+def server_args(
+    recipe: Recipe,
+    mode: str,
+    budget: int | None,
+    drafter: ModelFacts | None,
+    attention: AttentionChoice,
+    tp: int,
+    nnodes: int,
+    context: int,
+    running: int,
+    memory: MemoryTable,
+    host: str,
+    port: int,
+) -> ServerArgs:
+    """The argv after `python -m sglang.launch_server`."""
+    target = recipe.target
+    argv = ["--model-path", target.path]
+    if target.revision:
+        argv += ["--revision", target.revision]
+    argv += ["--tp-size", str(tp)]
+    if nnodes > 1:
+        argv += ["--nnodes", str(nnodes)]
+    argv += ["--host", host, "--port", str(port), "--context-length", str(context)]
+    argv += ["--attention-backend", attention.target]
+    argv += ["--mem-fraction-static", f"{memory.mem_fraction_static:.2f}"]
+    argv += ["--max-running-requests", str(running), "--cuda-graph-max-bs-decode", str(running)]
+    reasons = [
+        Reason(
+            choice=f"--mem-fraction-static {memory.mem_fraction_static:.2f}",
+            why=f"weights + KV pool share of each GPU; leaves {gib(memory.cuda_graph_reserve)} for CUDA graphs "
+            f"and {gib(memory.activation_reserve)} for the runtime and prefill activations (estimates)",
+        ),
+        Reason(
+            choice=f"--max-running-requests {running}",
+            why="set explicitly: under any speculative algorithm SGLang silently resets it to 48 otherwise"
+            if mode != "ar"
+            else "set explicitly so that the baseline runs at the same concurrency cap as speculative modes",
+        ),
+        Reason(
+            choice=f"--cuda-graph-max-bs-decode {running}",
+            why="capture decode graphs up to the largest batch the server will run; larger batches run eager",
+        ),
+    ]
+    if recipe.trust_remote_code:
+        argv.append("--trust-remote-code")
+        reasons.append(Reason(choice="--trust-remote-code", why=f"{target.path} ships its own model code"))
+    parsers = ["--reasoning-parser", recipe.reasoning_parser] if recipe.reasoning_parser else []
+    parsers += ["--tool-call-parser", recipe.tool_call_parser] if recipe.tool_call_parser else []
+    if parsers:
+        argv += parsers
+        reasons.append(
+            Reason(
+                choice=" ".join(parsers),
+                why="split thinking and tool calls out of the text the way the model's chat format marks them",
+            )
+        )
+    argv.append("--enable-metrics")
+    reasons.append(Reason(choice="--enable-metrics", why="bench reads /metrics for server-side timings"))
+    if isinstance(drafter, DFlashDrafterFacts):
+        spec_argv, spec_reasons = _dflash_args(recipe, mode, budget, drafter, attention)
+    elif isinstance(drafter, Eagle3DrafterFacts):
+        spec_argv, spec_reasons = _eagle3_args(drafter)
+    else:
+        spec_argv, spec_reasons = [], []
+    return ServerArgs(argv=argv + spec_argv, reasons=reasons + spec_reasons)
+
+
+def _draft_model(drafter: ModelFacts) -> list[str]:
+    argv = ["--speculative-draft-model-path", drafter.path]
+    if drafter.revision:
+        argv += ["--speculative-draft-model-revision", drafter.revision]
+    return argv
+
+
+def _dflash_args(
+    recipe: Recipe, mode: str, budget: int | None, drafter: DFlashDrafterFacts, attention: AttentionChoice
+) -> tuple[list[str], list[Reason]]:
+    algorithm = DDTREE_ALGORITHM if mode == "ddtree" else "DFLASH"
+    argv = ["--speculative-algorithm", algorithm, *_draft_model(drafter)]
+    argv += ["--speculative-num-draft-tokens", str(drafter.block_size)]
+    argv += ["--speculative-draft-attention-backend", str(attention.draft)]
+    reasons = [
+        Reason(
+            choice=f"--speculative-num-draft-tokens {drafter.block_size}",
+            why="equals the drafter's trained block size (SGLang requires it for DFLASH)",
+        )
+    ]
+    if mode == "ddtree":
+        argv += ["--speculative-ddtree-budget", str(budget), "--page-size", "1"]
+        reasons += [
+            Reason(
+                choice=f"--speculative-ddtree-budget {budget}",
+                why=f"tree nodes verified per step besides the bonus token (PR #{DDTREE_PR}); "
+                f"<= {drafter.block_size - 1} is a chain like DFlash, more branches",
+            ),
+            Reason(
+                choice="--page-size 1",
+                why=f"PR #{DDTREE_PR} compacts the KV cache per token: page size 1 only",
+            ),
+        ]
+    elif drafter.draft_window_size:
+        # The DDTree build ignores the window (it warns that only DFLASH and EAGLE3 honour it).
+        argv += ["--speculative-draft-window-size", str(drafter.draft_window_size)]
+        reasons.append(
+            Reason(
+                choice=f"--speculative-draft-window-size {drafter.draft_window_size}",
+                why="the drafter card's sliding window over its context KV: bounds draft memory and cost on long "
+                "prompts (SGLang 0.5.23 name of the older --speculative-dflash-draft-window-size)",
+            )
+        )
+    return argv, reasons
+
+
+def _eagle3_args(drafter: Eagle3DrafterFacts) -> tuple[list[str], list[Reason]]:
+    argv = ["--speculative-algorithm", "EAGLE3", *_draft_model(drafter)]
+    argv += ["--speculative-num-steps", str(drafter.num_steps), "--speculative-eagle-topk", str(drafter.topk)]
+    argv += ["--speculative-num-draft-tokens", str(drafter.num_draft_tokens)]
+    why = "the drafter's published setting (chain drafts: topk 1 keeps every attention backend usable)"
+    choice = f"--speculative-num-steps {drafter.num_steps} --speculative-eagle-topk {drafter.topk} " + (
+        f"--speculative-num-draft-tokens {drafter.num_draft_tokens}"
+    )
+    return argv, [Reason(choice=choice, why=why)]
+
+
+def environment(hardware: HardwareProfile, tp: int) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if hardware.interconnect == "pcie" and tp >= PCIE_IPC_MIN_TP:
+        env[PCIE_IPC_ALLREDUCE] = "1"
+    return env
+
+
+def environment_reasons(env: dict[str, str]) -> list[Reason]:
+    if PCIE_IPC_ALLREDUCE not in env:
+        return []
+    return [
+        Reason(
+            choice=f"{PCIE_IPC_ALLREDUCE}=1",
+            why="PCIe-only GPUs with TP > 2: SGLang turns its custom all-reduce off and falls back to NCCL; "
+            "0.5.23's opt-in FlashInfer PCIe-IPC all-reduce (bf16 decode) measured TPOT 21.1 -> 13.6 ms at TP8",
+        )
+    ]
