@@ -1,0 +1,106 @@
+"""Rich tables for the end of a bench run and for the client self-test."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from specdeploy.bench.results import CellSummary, Comparison, Distribution, RunSummary
+from specdeploy.bench.selftest import LevelResult
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _speedup(comparison: Comparison | None) -> str:
+    if comparison is None or comparison.speedup is None:
+        return "-"
+    s = comparison.speedup
+    return f"{s.estimate:.2f}x [{s.low:.2f}, {s.high:.2f}]"
+
+
+def _load(cell: CellSummary) -> str:
+    key = cell.key
+    return f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g} req/s"
+
+
+def summary_table(summary: RunSummary) -> Table:
+    """One row per cell: throughput, latencies (ms), tau and the paired speedup (95% CI)."""
+    table = Table(title="bench results (latencies in ms; speedup with 95% bootstrap CI)")
+    for column in ("cell", "load", "rep", "req/s", "tok/s", "tok/s/user", "TTFT p50", "TPOT", "ITL p50"):
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for column in ("chunk gap", "tau", "errors", "speedup", "match"):
+        table.add_column(column, justify="right")
+    for cell in summary.cells.values():
+        m, key = cell.metrics, cell.key
+        comparison = cell.comparison
+        match = comparison.output_match_rate if comparison else None
+        table.add_row(
+            f"{key.role} {key.dataset} {key.mode or '-'}"
+            + ("" if key.budget is None else f" b={key.budget}"),
+            _load(cell),
+            str(key.repeat),
+            _num(m.requests_per_s, 2),
+            _num(m.output_tok_s),
+            _num(m.output_tok_s_per_user.p50),
+            _num(m.ttft_ms.p50),
+            _num(m.tpot_ms.mean, 2),
+            _num(m.itl_ms.p50, 2),
+            _num(m.chunk_gap_ms.p50, 2),
+            _num(m.tau.mean, 2),
+            str(m.n_errors),
+            _speedup(comparison),
+            "-" if match is None else f"{match:.0%}",
+        )
+    return table
+
+
+def speedup_table(summary: RunSummary) -> Table:
+    table = Table(title="speedup per load point, all repeats pooled")
+    for column in ("load point", "pairs", "speedup", "match"):
+        table.add_column(column, justify="left" if column == "load point" else "right")
+    for point, comparison in summary.speedups.items():
+        match = comparison.output_match_rate
+        table.add_row(
+            point,
+            str(comparison.n_compared),
+            _speedup(comparison),
+            "-" if match is None else f"{match:.0%}",
+        )
+    return table
+
+
+def _dist(d: Distribution) -> str:
+    return f"{_num(d.p50, 2)} / {_num(d.p99, 2)}"
+
+
+def selftest_table(results: list[LevelResult]) -> Table:
+    table = Table(title="client self-test against a loopback server (p50 / p99, ms)")
+    columns = (
+        "conc",
+        "requests",
+        "errors",
+        "req/s",
+        "ideal",
+        "tok/s",
+        "ideal",
+        "TTFT err",
+        "chunk lag",
+        "ITL err",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(
+            str(r.concurrency),
+            str(r.requests),
+            str(r.errors),
+            _num(r.requests_per_s),
+            _num(r.ideal_requests_per_s),
+            _num(r.tokens_per_s, 0),
+            _num(r.ideal_tokens_per_s, 0),
+            _dist(r.ttft_error_ms),
+            _dist(r.chunk_lag_ms),
+            _dist(r.itl_error_ms),
+        )
+    return table
