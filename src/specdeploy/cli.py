@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from specdeploy.bench import commands as bench_commands
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo import cli as zoo_cli
 
@@ -31,6 +32,8 @@ def _root() -> None:
 
 
 app.add_typer(zoo_cli.app, name="zoo")
+app.command("bench")(bench_commands.bench)
+app.command("bench-selftest")(bench_commands.bench_selftest)
 
 
 if __name__ == "__main__":
