@@ -7,6 +7,7 @@ import sys
 import typer
 
 from specdeploy.bench import commands as bench_commands
+from specdeploy.deploy import commands as deploy_commands
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo import cli as zoo_cli
 
@@ -32,6 +33,7 @@ def _root() -> None:
 
 
 app.add_typer(zoo_cli.app, name="zoo")
+deploy_commands.register(app)  # up, down, status, logs
 app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
 
