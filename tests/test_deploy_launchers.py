@@ -11,7 +11,6 @@ from specdeploy.deploy.launchers import (
     ReferenceLauncher,
     get_launcher,
     with_flag,
-    with_port,
 )
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import EngineSpec, ModelRef
@@ -21,11 +20,6 @@ def test_with_flag_replaces_both_spellings_and_appends():
     assert with_flag(["a", "--port", "1", "b"], "--port", "2") == ["a", "b", "--port", "2"]
     assert with_flag(["a", "--port=1"], "--port", "2") == ["a", "--port", "2"]
     assert with_flag(["a"], "--port", "2") == ["a", "--port", "2"]
-
-
-def test_with_port_updates_plan_and_argv():
-    plan = with_port(make_plan(port=30000), 31000)
-    assert plan.port == 31000 and plan.argv[-2:] == ["--port", "31000"] and "30000" not in plan.argv
 
 
 def test_docker_command(tmp_path, monkeypatch):

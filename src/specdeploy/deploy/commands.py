@@ -19,7 +19,8 @@ from specdeploy.deploy.deployment import (
     preview_up,
 )
 from specdeploy.deploy.hardware import DetectedHardware, detect_hardware, profile_for
-from specdeploy.deploy.launchers import LAUNCHERS, get_launcher, with_port
+from specdeploy.deploy.health import ServerStartError
+from specdeploy.deploy.launchers import LAUNCHERS, get_launcher
 from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir
 from specdeploy.deploy.render import print_deployment, print_preview, print_smoke, print_status
 from specdeploy.errors import SpecdeployError
@@ -32,7 +33,7 @@ RunDirArgument = Annotated[
 
 
 def _plan_for(
-    recipe: str, hardware: str, mode: str, budget: int | None
+    recipe: str, hardware: str, mode: str, budget: int | None, port: int | None
 ) -> tuple[LaunchPlan, DetectedHardware | None]:
     """The LaunchPlan, and the detected hardware when `--hardware auto` had to look."""
     from specdeploy.plan import make_plan
@@ -43,7 +44,15 @@ def _plan_for(
         profile = profile_for(detected, list_hardware())
     else:
         profile = load_hardware(hardware)
-    return make_plan(recipe, profile, mode, budget=budget), detected
+    overrides = {"port": port} if port is not None else {}
+    try:
+        return make_plan(recipe, profile, mode, budget=budget, **overrides), detected
+    except SpecdeployError as exc:
+        if detected is None or detected.gpus:
+            raise
+        raise SpecdeployError(
+            f"--hardware auto found no GPU ({detected.problem}), so it planned for CPU: {exc}"
+        ) from exc
 
 
 def up(
@@ -69,9 +78,7 @@ def up(
 ) -> None:
     """Preflight, download the weights, launch, wait for health, smoke-test and record a deployment."""
     console = Console()
-    plan, detected = _plan_for(recipe, hardware, mode, budget)
-    if port is not None:
-        plan = with_port(plan, port)
+    plan, detected = _plan_for(recipe, hardware, mode, budget, port)
     chosen = launcher or ("reference" if plan.engine.name == "reference" else "docker")
     if chosen not in LAUNCHERS:
         raise SpecdeployError(f"unknown launcher {chosen!r}: use one of {', '.join(LAUNCHERS)}")
@@ -79,11 +86,22 @@ def up(
     if dry_run:
         preview = preview_up(plan, chosen, run_dir, hardware=detected)
         print_preview(console, plan, preview)
-        preview.preflight.raise_on_failure()
+        failed = [check.name for check in preview.preflight.failures]
+        if failed:
+            raise SpecdeployError(
+                f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}); see the table above"
+            )
         return
-    deployment = deploy_up(
-        plan, chosen, run_dir, hardware=detected, health_timeout_s=health_timeout, smoke=smoke
-    )
+    try:
+        deployment = deploy_up(
+            plan, chosen, run_dir, hardware=detected, health_timeout_s=health_timeout, smoke=smoke
+        )
+    except ServerStartError as exc:
+        # The CLI prints errors on one line: show the log tail first, as it was written.
+        Console(stderr=True).print("\n".join(exc.log_tail), markup=False, highlight=False)
+        raise SpecdeployError(
+            f"{exc.reason}; the server log's last lines are above (all of it in {run_dir})"
+        ) from exc
     print_smoke(console, deployment.manifest.smoke if deployment.manifest else None)
     print_deployment(console, deployment)
 

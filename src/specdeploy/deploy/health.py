@@ -19,11 +19,11 @@ HEALTH_ROUTES = ("/health_generate", "/health")
 class ServerStartError(SpecdeployError):
     """The server exited or never became healthy; the message carries the end of its log."""
 
-
-def _with_log(message: str, log_tail: list[str]) -> str:
-    if not log_tail:
-        return f"{message} (the server log is empty)"
-    return f"{message}; last {len(log_tail)} lines of the server log:\n" + "\n".join(log_tail)
+    def __init__(self, reason: str, log_tail: list[str]) -> None:
+        self.reason = reason
+        self.log_tail = log_tail
+        log = f"; last {len(log_tail)} lines of the server log:\n" + "\n".join(log_tail) if log_tail else ""
+        super().__init__(reason + (log or " (the server log is empty)"))
 
 
 def probe(client: httpx.Client, base_url: str, routes: list[str]) -> bool:
@@ -60,15 +60,11 @@ def wait_for_health(
                 progress.update(task, description=f"{base_url} is healthy")
                 return time.monotonic() - start
             if not is_alive():
-                raise ServerStartError(
-                    _with_log("the server exited during startup", log_tail(LOG_TAIL_LINES))
-                )
+                raise ServerStartError("the server exited during startup", log_tail(LOG_TAIL_LINES))
             if time.monotonic() - start > timeout_s:
                 raise ServerStartError(
-                    _with_log(
-                        f"the server did not become healthy within {timeout_s:.0f} s "
-                        "(loading a large model takes long: raise --health-timeout)",
-                        log_tail(LOG_TAIL_LINES),
-                    )
+                    f"the server did not become healthy within {timeout_s:.0f} s "
+                    "(loading a large model takes long: raise --health-timeout)",
+                    log_tail(LOG_TAIL_LINES),
                 )
             time.sleep(poll_s)

@@ -69,11 +69,6 @@ def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*out, flag, value]
 
 
-def with_port(plan: LaunchPlan, port: int) -> LaunchPlan:
-    """The same plan serving on another port."""
-    return plan.model_copy(update={"port": port, "argv": with_flag(plan.argv, "--port", str(port))})
-
-
 def server_url(plan: LaunchPlan) -> str:
     return f"http://127.0.0.1:{plan.port}"
 

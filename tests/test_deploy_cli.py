@@ -1,0 +1,76 @@
+import json
+
+import pytest
+from deploy_helpers import fake_server_plan, free_port, recorded_nvidia_smi
+from typer.testing import CliRunner
+
+from specdeploy.cli import app
+from specdeploy.deploy import deployment as deployment_module
+from specdeploy.deploy import preflight as preflight_module
+from specdeploy.deploy.deployment import deploy_up
+from specdeploy.deploy.hardware import detect_with_nvidia_smi
+from specdeploy.errors import SpecdeployError
+
+runner = CliRunner()
+
+
+def test_dry_run_of_a_zoo_pair_launches_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    port = free_port()
+    result = runner.invoke(app, ["up", "tiny-code", "--hardware", "cpu", "--dry-run", "--port", str(port)])
+    assert result.exit_code == 0, result.output
+    assert f"127.0.0.1:{port} is free" in result.output
+    assert "-m specdeploy.cli serve --target zoo:tiny-code" in result.output
+    assert f"--port {port}" in result.output and "nothing was downloaded or launched" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+class OfflineHub:
+    def model_info(self, repo, revision=None):
+        raise OSError("offline")
+
+
+def test_dry_run_on_the_wrong_machine_fails_with_the_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        deployment_module, "detect_hardware", lambda: detect_with_nvidia_smi(recorded_nvidia_smi("h200-x1"))
+    )
+    monkeypatch.setattr(preflight_module, "HfApi", OfflineHub)
+    result = runner.invoke(
+        app,
+        ["up", "kimi-k2.6", "--hardware", "b200-x8", "--mode", "dflash", "--dry-run", "--launcher", "local"],
+    )
+    assert isinstance(result.exception, SpecdeployError)
+    assert "check(s) failed (gpu count, architecture" in str(result.exception)
+    assert "the plan (profile b200-x8) needs 8 GPUs, this machine has 1" in " ".join(result.output.split())
+    assert "python -m sglang.launch_server" in result.output
+
+
+def test_status_logs_down(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    deployment = deploy_up(fake_server_plan(free_port()), "local", health_timeout_s=30)
+    try:
+        status = runner.invoke(app, ["status", "--json"])
+        assert status.exit_code == 0, status.output
+        report = json.loads(status.output)
+        assert (
+            report["state"] == "running"
+            and report["healthy"]
+            and report["launcher"]["pid"] == deployment.handle.pid
+        )
+
+        logs = runner.invoke(app, ["logs", "-n", "3"])
+        assert logs.exit_code == 0 and len(logs.output.splitlines()) == 3 and "POST /generate" in logs.output
+    finally:
+        down = runner.invoke(app, ["down", str(deployment.run_dir)])
+    assert down.exit_code == 0 and "stopped" in down.output
+    assert "already stopped" in runner.invoke(app, ["down"]).output
+    assert "not running" in runner.invoke(app, ["status"]).output
+
+
+def test_commands_without_a_deployment_say_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["status"])
+    assert isinstance(result.exception, SpecdeployError) and "specdeploy up" in str(result.exception)
+    with pytest.raises(SpecdeployError, match="holds no deployment"):
+        raise runner.invoke(app, ["logs", str(tmp_path)]).exception
