@@ -241,6 +241,7 @@ class DraftAttention(nn.Module):
         block_key, block_value = self._keys_values(block, cos[:, ctx_len:], sin[:, ctx_len:])
         ctx_key, ctx_value = self._keys_values(context, cos[:, :ctx_len], sin[:, :ctx_len])
         if cache is not None:
+            # Positions travel with the keys, so window rules stay right after the cache is compacted.
             ctx_key, ctx_value, _ = cache.append(self.layer, ctx_key, ctx_value, context_positions)
         key = torch.cat([ctx_key, block_key], dim=1).transpose(1, 2)
         value = torch.cat([ctx_value, block_value], dim=1).transpose(1, 2)
