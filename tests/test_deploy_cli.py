@@ -56,7 +56,7 @@ def test_status_logs_down(tmp_path, monkeypatch):
         assert (
             report["state"] == "running"
             and report["healthy"]
-            and report["launcher"]["pid"] == deployment.handle.pid
+            and report["launcher"]["process"]["pid"] == deployment.handle.process.pid
         )
 
         logs = runner.invoke(app, ["logs", "-n", "3"])

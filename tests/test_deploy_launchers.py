@@ -122,4 +122,4 @@ def test_stop_escalates_to_sigkill_and_covers_the_process_group(tmp_path):
     launcher.stop(handle, grace_s=0.5)
     assert not launcher.is_running(handle)
     with pytest.raises(ProcessLookupError):
-        os.killpg(handle.pid, 0)  # the `sleep` child is gone too
+        os.killpg(handle.process.pid, 0)  # the `sleep` child is gone too

@@ -25,7 +25,10 @@ def test_up_status_down(tmp_path):
         assert find_run_dir(None, runs) == deployment.run_dir.resolve()
         manifest = json.loads((deployment.run_dir / "manifest.json").read_text())
         assert manifest["schema"] == 1
-        assert manifest["plan"]["argv"] == plan.argv and manifest["launcher"]["pid"] == deployment.handle.pid
+        assert (
+            manifest["plan"]["argv"] == plan.argv
+            and manifest["launcher"]["process"]["pid"] == deployment.handle.process.pid
+        )
         assert manifest["smoke"]["tau"] == pytest.approx(3.0, rel=0.1)
         assert manifest["server_info"]["version"] == "fake-0.1"
         assert manifest["python"] and manifest["torch"] and manifest["specdeploy_version"]

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from collections import deque
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
+from specdeploy.deploy.processes import ProcessIdentity, identify, leader_alive, stop_group
 from specdeploy.deploy.weights import hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import REFERENCE_LAUNCH, LaunchPlan
@@ -35,7 +34,7 @@ class LaunchHandle(BaseModel):
     launcher: LauncherName
     url: str
     log_path: str
-    pid: int | None = None  # local and reference launchers: the process group leader
+    process: ProcessIdentity | None = None  # local and reference launchers: the process group leader
     container_name: str | None = None
     container_id: str | None = None
 
@@ -80,22 +79,6 @@ def tail_file(path: Path, lines: int) -> list[str]:
         return [line.rstrip("\n") for line in deque(log, maxlen=lines)]
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        exited, _ = os.waitpid(pid, os.WNOHANG)  # reaps it when it is our child and has exited
-        if exited:
-            return False
-    except ChildProcessError:
-        pass  # started by an earlier command: not our child, only the signal probe below can tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ProcessLauncher:
     """Runs the plan's argv as a local process in its own process group, output to the run's log file."""
 
@@ -124,34 +107,20 @@ class ProcessLauncher:
                     f"cannot start {argv[0]!r}: not found on PATH; activate the environment that has the engine "
                     "installed, or use `--launcher docker`"
                 ) from exc
-        return LaunchHandle(launcher=self.name, url=server_url(plan), log_path=str(log_path), pid=process.pid)
+        return LaunchHandle(
+            launcher=self.name, url=server_url(plan), log_path=str(log_path), process=identify(process.pid)
+        )
 
     def is_running(self, handle: LaunchHandle) -> bool:
-        return handle.pid is not None and _process_alive(handle.pid)
+        return handle.process is not None and leader_alive(handle.process)
 
     def stop(self, handle: LaunchHandle, grace_s: float) -> None:
-        """SIGTERM to the whole process group, SIGKILL after `grace_s` seconds if it is still there."""
-        if handle.pid is None or not self.is_running(handle):
-            return
-        _signal_group(handle.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not self.is_running(handle):
-                return
-            time.sleep(0.1)
-        _signal_group(handle.pid, signal.SIGKILL)
-        while self.is_running(handle) and time.monotonic() < deadline + 5:
-            time.sleep(0.05)
+        """SIGTERM to the whole process group (workers too), SIGKILL after `grace_s` seconds."""
+        if handle.process is not None:
+            stop_group(handle.process, grace_s)
 
     def tail(self, handle: LaunchHandle, lines: int) -> list[str]:
         return tail_file(Path(handle.log_path), lines)
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 class ReferenceLauncher(ProcessLauncher):

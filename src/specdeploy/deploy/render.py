@@ -59,7 +59,7 @@ def print_smoke(console: Console, smoke: SmokeReport | None) -> None:
 
 def print_deployment(console: Console, deployment: Deployment) -> None:
     handle = deployment.handle
-    process = f"pid {handle.pid}" if handle.pid is not None else f"container {handle.container_name}"
+    process = f"pid {handle.process.pid}" if handle.process else f"container {handle.container_name}"
     console.print(f"[green]up[/]: {deployment.url} ({handle.launcher}, {process})")
     console.print(
         f"run directory {deployment.run_dir}: manifest.json, server.log; stop with `specdeploy down`"
@@ -73,7 +73,9 @@ def print_status(console: Console, status: dict) -> None:
     )
     launcher = status["launcher"]
     process = (
-        f"pid {launcher['pid']}" if launcher["pid"] is not None else f"container {launcher['container_name']}"
+        f"pid {launcher['process']['pid']}"
+        if launcher["process"]
+        else f"container {launcher['container_name']}"
     )
     console.print(f"  {status['url']} ({launcher['launcher']}, {process}), updated {status['updated_at']}")
     if status["error"]:
