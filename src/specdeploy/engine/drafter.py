@@ -344,8 +344,7 @@ class DFlashDrafter(nn.Module):
         block's. `attention_mask` [B or 1, L, cached + C + L] bool replaces the default visibility (the block
         sees every context key and itself, non-causally); layer causality and sliding windows still apply.
         """
-        batch, length, _ = noise_embedding.shape
-        ctx_len = context.shape[1]
+        batch, ctx_len = noise_embedding.shape[0], context.shape[1]
         self._check_inputs(noise_embedding, context, position_ids, cache, attention_mask)
         position_ids = position_ids.expand(batch, -1)
         context_positions = position_ids[:, :ctx_len]
@@ -404,7 +403,7 @@ class DFlashDrafter(nn.Module):
         cache: KVCache | None,
         attention_mask: torch.Tensor | None,
     ) -> None:
-        batch, length, hidden = noise_embedding.shape
+        _, length, hidden = noise_embedding.shape
         features = len(self.target_layer_ids) * self.hidden_size
         if hidden != self.hidden_size or context.shape[-1] != features:
             raise SpecdeployError(
