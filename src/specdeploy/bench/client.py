@@ -171,13 +171,14 @@ class BenchClient:
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
+            # No break: reading the body to its end lets the connection go back to the pool.
             if data == b"[DONE]":
                 stream.done = True
-                break
+                continue
             event = json.loads(data)
             if "error" in event:
                 stream.meta["error"] = event["error"]
-                break
+                continue
             if native:
                 _on_native(event, stream, now)
             else:

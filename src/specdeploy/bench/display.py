@@ -75,15 +75,14 @@ def _dist(d: Distribution) -> str:
 
 
 def selftest_table(results: list[LevelResult]) -> Table:
-    table = Table(title="client self-test against a loopback server (p50 / p99, ms)")
+    table = Table(title="client self-test against a loopback server (errors in ms, p50 / p99)")
     columns = (
         "conc",
-        "requests",
-        "errors",
-        "req/s",
-        "ideal",
-        "tok/s",
-        "ideal",
+        "reqs",
+        "err",
+        "req/s (ideal)",
+        "tok/s (ideal)",
+        "CPU client / server",
         "TTFT err",
         "chunk lag",
         "ITL err",
@@ -95,10 +94,9 @@ def selftest_table(results: list[LevelResult]) -> Table:
             str(r.concurrency),
             str(r.requests),
             str(r.errors),
-            _num(r.requests_per_s),
-            _num(r.ideal_requests_per_s),
-            _num(r.tokens_per_s, 0),
-            _num(r.ideal_tokens_per_s, 0),
+            f"{r.requests_per_s:,.1f} ({r.ideal_requests_per_s:,.1f})",
+            f"{r.tokens_per_s:,.0f} ({r.ideal_tokens_per_s:,.0f})",
+            f"{r.client_cpu:.0%} / " + ("-" if r.server_cpu is None else f"{r.server_cpu:.0%}"),
             _dist(r.ttft_error_ms),
             _dist(r.chunk_lag_ms),
             _dist(r.itl_error_ms),

@@ -9,6 +9,7 @@ schedule allows) and how far its TTFT and chunk arrival times are from what the 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +42,8 @@ class LevelResult:
     chunk_lag_ms: Distribution  # chunk arrival at the client minus its write at the server
     itl_error_ms: Distribution  # client ITL per token minus the server's write gap per token
     ttft_vs_plan_ms: Distribution  # client TTFT minus the configured TTFT (server jitter included)
+    client_cpu: float  # the client process's CPU seconds per second; near 1.0 it is saturated
+    server_cpu: float | None  # the same for the loopback server (None where /proc is missing)
 
 
 def free_port() -> int:
@@ -49,7 +53,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def fake_server_process(plan: StreamPlan) -> Iterator[str]:
+def fake_server_process(plan: StreamPlan) -> Iterator[tuple[str, int]]:
     """A FakeServer in a child process, so that it does not share the client's interpreter."""
     port = free_port()
     argv = [
@@ -65,7 +69,7 @@ def fake_server_process(plan: StreamPlan) -> Iterator[str]:
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
         _wait_for(port, process)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process.pid
     finally:
         process.terminate()
         process.wait(10)
@@ -88,25 +92,35 @@ def run_selftest(levels: list[int], plan: StreamPlan, rounds: int = 3) -> list[L
     """One result per concurrency level; each level sends `rounds` requests per concurrent user."""
     if not levels or min(levels) < 1:
         raise SpecdeployError(f"concurrency levels must be >= 1, got {levels}")
-    with fake_server_process(plan) as url:
-        return asyncio.run(_levels(url, levels, plan, rounds))
+    with fake_server_process(plan) as (url, pid):
+        return asyncio.run(_levels(url, pid, levels, plan, rounds))
 
 
-async def _levels(url: str, levels: list[int], plan: StreamPlan, rounds: int) -> list[LevelResult]:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+async def _levels(url: str, pid: int, levels: list[int], plan: StreamPlan, rounds: int) -> list[LevelResult]:
     results = []
     async with BenchClient(url, "generate") as client:
         for concurrency in levels:
-            await _measure(client, concurrency, concurrency, plan)  # opens the pool's connections
-            results.append(await _measure(client, concurrency, concurrency * rounds, plan))
+            await _measure(client, pid, concurrency, concurrency, plan)  # opens the pool's connections
+            results.append(await _measure(client, pid, concurrency, concurrency * rounds, plan))
     return results
 
 
-async def _measure(client: BenchClient, concurrency: int, n: int, plan: StreamPlan) -> LevelResult:
+async def _measure(client: BenchClient, pid: int, concurrency: int, n: int, plan: StreamPlan) -> LevelResult:
     tag = f"c{concurrency}n{n}t{time.monotonic_ns()}"
     texts = [f"{tag} {i}" for i in range(n)]
     pending = iter(enumerate(texts))
     records: list[RequestRecord] = []
     start_ns = time.monotonic_ns()
+    start_cpu, start_server_cpu = time.process_time(), cpu_seconds(pid)
 
     async def worker() -> None:
         for index, text in pending:
@@ -119,8 +133,13 @@ async def _measure(client: BenchClient, concurrency: int, n: int, plan: StreamPl
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = (time.monotonic_ns() - start_ns) / 1e9
+    cpu = (time.process_time() - start_cpu) / elapsed
+    end_server_cpu = cpu_seconds(pid)
+    server_cpu = None
+    if start_server_cpu is not None and end_server_cpu is not None:
+        server_cpu = (end_server_cpu - start_server_cpu) / elapsed
     truth = await client.get_json("/truth") or {}
-    return _judge(records, truth, texts, start_ns, elapsed, concurrency, plan)
+    return _judge(records, truth, texts, start_ns, elapsed, (cpu, server_cpu), concurrency, plan)
 
 
 def _judge(
@@ -129,6 +148,7 @@ def _judge(
     texts: list[str],
     start_ns: int,
     elapsed: float,
+    cpu: tuple[float, float | None],
     concurrency: int,
     plan: StreamPlan,
 ) -> LevelResult:
@@ -160,4 +180,6 @@ def _judge(
         chunk_lag_ms=distribution(lags),
         itl_error_ms=distribution(itl_errors),
         ttft_vs_plan_ms=distribution(ttft_vs_plan),
+        client_cpu=cpu[0],
+        server_cpu=cpu[1],
     )
