@@ -40,6 +40,7 @@ def test_docker_up_status_down(fake_docker, tmp_path):
         assert handle.container_name == "specdeploy-docker-run" and len(handle.container_id) == 64
         assert deployment.manifest.engine.image_digest == "lmsysorg/sglang@sha256:" + "ab" * 32
         assert [c.name for c in deployment.manifest.preflight] == ["docker", "port"]
+        assert [c[0] for c in calls(fake_docker)][:3] == ["info", "pull", "run"]
         run_call = next(c for c in calls(fake_docker) if c[0] == "run")
         assert run_call[run_call.index("--gpus") + 1] == "all" and run_call[-2:] == ["--host", "0.0.0.0"]
         status = deployment_status(load_deployment(run_dir))

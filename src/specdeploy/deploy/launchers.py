@@ -138,9 +138,11 @@ class ReferenceLauncher(ProcessLauncher):
         return [sys.executable, "-m", "specdeploy.cli", *plan.argv[1:]]
 
 
-def _docker(argv: list[str]) -> str:
+def _docker(argv: list[str], timeout_s: float = 120.0) -> str:
     try:
-        result = subprocess.run(["docker", *argv], check=True, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            ["docker", *argv], check=True, capture_output=True, text=True, timeout=timeout_s
+        )
     except FileNotFoundError as exc:
         raise SpecdeployError("docker is not installed: install Docker, or use `--launcher local`") from exc
     except subprocess.CalledProcessError as exc:
@@ -195,8 +197,14 @@ class DockerLauncher:
         ]
 
     def start(self, plan: LaunchPlan, run_dir: Path) -> LaunchHandle:
+        command = self.command(plan, run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        container_id = _docker(self.command(plan, run_dir)[1:])
+        # Pull first, in the open: images are tens of GB, and `docker run -d` would pull silently.
+        if subprocess.run(["docker", "pull", str(plan.engine.image)], stdout=sys.stderr).returncode != 0:
+            raise SpecdeployError(
+                f"`docker pull {plan.engine.image}` failed (see above): check the tag and your network/registry login"
+            )
+        container_id = _docker(command[1:])
         return LaunchHandle(
             launcher=self.name,
             url=server_url(plan),
@@ -217,28 +225,34 @@ class DockerLauncher:
         """`docker stop` (SIGTERM, SIGKILL after the grace period); the log is kept in the run directory."""
         name = str(handle.container_name)
         try:
-            _docker(["stop", "--time", str(int(grace_s)), name])
-            Path(handle.log_path).write_text("\n".join(self.tail(handle, 1_000_000)) + "\n")
+            _docker(["stop", "--time", str(int(grace_s)), name], timeout_s=grace_s + 60)
+            Path(handle.log_path).write_text(_container_log(name, "all") or "")
             _docker(["rm", name])
         except SpecdeployError as exc:
             if "No such container" not in str(exc):
                 raise
 
     def tail(self, handle: LaunchHandle, lines: int) -> list[str]:
-        try:
-            # docker logs replays the container's stderr on its own stderr: merge both, in order.
-            result = subprocess.run(
-                ["docker", "logs", "--tail", str(lines), str(handle.container_name)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=60,
-            )
-        except FileNotFoundError:
+        log = _container_log(str(handle.container_name), str(lines))
+        if log is None:  # removed already: `stop` saved the log in the run directory
             return tail_file(Path(handle.log_path), lines)
-        if result.returncode != 0:  # removed already: `stop` saved the log in the run directory
-            return tail_file(Path(handle.log_path), lines)
-        return result.stdout.splitlines()[-lines:]
+        return log.splitlines()[-lines:]
+
+
+def _container_log(name: str, tail: str) -> str | None:
+    """`docker logs` of a container (the last `tail` lines, or "all"); None if it or docker is gone."""
+    try:
+        # docker logs replays the container's stderr on its own stderr: merge both, in order.
+        result = subprocess.run(
+            ["docker", "logs", "--tail", tail, name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        )
+    except FileNotFoundError:
+        return None
+    return result.stdout if result.returncode == 0 else None
 
 
 def get_launcher(name: str) -> Launcher:
