@@ -80,7 +80,11 @@ def choose_attention(
             Reason(
                 choice=f"--speculative-draft-attention-backend {draft}",
                 why="the DFlash drafter's block attends non-causally; "
-                + (why if full_tree else f"{draft} supports that on {hardware.sm}"),
+                + (
+                    f"{draft} does that, and it is what the DDTree build picks next to a {target} target"
+                    if full_tree
+                    else f"{draft} supports that on {hardware.sm}"
+                ),
             )
         )
         return AttentionChoice(target=target, draft=draft, reasons=reasons)

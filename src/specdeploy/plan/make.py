@@ -54,8 +54,8 @@ def make_plan(
     hardware = load_hardware(hardware) if isinstance(hardware, str) else hardware
     _check_request(recipe, hardware, mode, budget, nnodes)
     drafter = _drafter(recipe, mode)
-    context = context_length or recipe.default_context_length
-    running = max_running_requests or recipe.default_max_running_requests
+    context = recipe.default_context_length if context_length is None else context_length
+    running = recipe.default_max_running_requests if max_running_requests is None else max_running_requests
     _check_limits(recipe, context, running, port)
     block = recipe.dflash.block_size
     if mode == "ddtree" and budget is None:
@@ -79,7 +79,7 @@ def make_plan(
     )
     warnings += _memory_warnings(memory, context, running)
     if reference:
-        argv = _reference_argv(recipe, mode, budget, drafter, context, running, port)
+        argv = _reference_argv(recipe, mode, budget, drafter, port)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
         attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
@@ -241,7 +241,7 @@ def _warnings(
             warnings.append(
                 f"{model.path} is gated: request access at {model.access_url} and export HF_TOKEN before `up`"
             )
-    if mode == "ddtree":
+    if mode == "ddtree" and recipe.engine == "sglang":
         warnings.append(
             f"DDTree runs an unmerged SGLang build: PR #{DDTREE_PR} at commit {DDTREE_COMMIT[:10]} laid over the "
             "0.5.23 image (see engine.install); that commit is the newest the public index holds and the PR may "
@@ -290,15 +290,14 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
     ]
 
 
-def _reference_argv(recipe, mode, budget, drafter, context, running, port) -> list[str]:
+def _reference_argv(recipe, mode, budget, drafter, port) -> list[str]:
+    """`specdeploy serve` has no concurrency or context flags: the limits only size the memory table."""
     argv = [*REFERENCE_LAUNCH, "--target", recipe.target.path, "--mode", mode]
     if drafter is not None:
         argv += ["--draft", drafter.path]
     if budget is not None:
         argv += ["--budget", str(budget)]
-    argv += ["--host", DEFAULT_HOST, "--port", str(port)]
-    argv += ["--max-running-requests", str(running), "--context-length", str(context)]
-    return argv
+    return [*argv, "--host", DEFAULT_HOST, "--port", str(port)]
 
 
 def _summary(recipe, hardware, mode, budget, tp, nnodes) -> str:

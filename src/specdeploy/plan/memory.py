@@ -28,7 +28,8 @@ REFERENCE_RUNTIME_BYTES = 256 * MIB
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """A size for people: GiB from one GiB up, MiB below (the zoo's models weigh megabytes)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -137,11 +138,14 @@ def _does_not_fit(
     if recurrent:
         parts += f" + recurrent state {gib(recurrent)} ({work.max_running_requests} requests)"
     if need >= usable:
-        total_gpus = math.ceil(need * work.tp / usable)
+        gpus_needed = math.ceil(need * work.tp / usable)
+        # Attention heads split evenly only over power-of-two TP sizes.
+        tp_needed = 1 << (gpus_needed - 1).bit_length()
         return (
             f"{recipe_name} does not fit on {hardware.name} at TP{work.tp}: per GPU {parts} = {gib(need)} > "
-            f"{gib(usable)} usable ({share}); the weights alone need at least {total_gpus} GPUs of this size: "
-            "use a higher --tp or a profile with more (or larger) GPUs"
+            f"{gib(usable)} usable ({share}); the weights alone need at least {gpus_needed} GPUs of this size, "
+            f"so TP{tp_needed}: use a profile with that many GPUs (or larger ones), or --tp {tp_needed} if "
+            "this one has them"
         )
     return (
         f"{recipe_name} on {hardware.name} at TP{work.tp}: after {parts} the KV cache holds {tokens} tokens per "

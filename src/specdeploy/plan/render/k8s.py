@@ -1,0 +1,92 @@
+"""`--format k8s`: a LeaderWorkerSet (one pod per node) and a Service in front of the leader."""
+
+from __future__ import annotations
+
+import yaml
+
+from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.plan.render.container import (
+    DIST_INIT_PORT,
+    HF_CACHE_IN_CONTAINER,
+    container_shell_command,
+    gated_models,
+    resource_name,
+    startup_seconds,
+)
+
+HF_TOKEN_SECRET = "hf-token"  # kubectl create secret generic hf-token --from-literal=token=$HF_TOKEN
+HF_CACHE_CLAIM = "hf-cache"  # a PersistentVolumeClaim large enough for the weights, created beforehand
+SHM_LIMIT = "32Gi"
+# LeaderWorkerSet injects these into every pod of a group.
+MULTI_NODE_ARGS = f" --node-rank $LWS_WORKER_INDEX --dist-init-addr $LWS_LEADER_ADDRESS:{DIST_INIT_PORT}"
+
+
+def _container(plan: LaunchPlan, leader: bool) -> dict:
+    extra = MULTI_NODE_ARGS if plan.gpus.nnodes > 1 else ""
+    env = [{"name": key, "value": value} for key, value in sorted(plan.env.items())]
+    token_ref = {"name": HF_TOKEN_SECRET, "key": "token", "optional": not gated_models(plan)}
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": token_ref}})
+    container = {
+        "name": "sglang",
+        "image": plan.engine.image,
+        "command": ["bash", "-c", container_shell_command(plan, extra)],
+        "env": env,
+        "resources": {"limits": {"nvidia.com/gpu": plan.gpus.count}},
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "hf-cache", "mountPath": HF_CACHE_IN_CONTAINER},
+        ],
+    }
+    if leader:
+        container["ports"] = [{"containerPort": plan.port, "name": "http"}]
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/health", "port": plan.port},
+            "initialDelaySeconds": 60,
+            "periodSeconds": 15,
+            "failureThreshold": startup_seconds(plan) // 15,
+        }
+    return container
+
+
+def _pod(plan: LaunchPlan, leader: bool) -> dict:
+    return {
+        "metadata": {"labels": {"role": "leader" if leader else "worker"}},
+        "spec": {
+            "containers": [_container(plan, leader)],
+            "volumes": [
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}},
+                {"name": "hf-cache", "persistentVolumeClaim": {"claimName": HF_CACHE_CLAIM}},
+            ],
+        },
+    }
+
+
+def render_k8s(plan: LaunchPlan) -> str:
+    name = resource_name(plan)
+    template: dict = {"size": plan.gpus.nnodes, "restartPolicy": "RecreateGroupOnPodRestart"}
+    template["leaderTemplate"] = _pod(plan, leader=True)
+    if plan.gpus.nnodes > 1:
+        template["workerTemplate"] = _pod(plan, leader=False)
+    else:
+        template["workerTemplate"] = template.pop("leaderTemplate")
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "leaderWorkerTemplate": template},
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{name}-leader"},
+        "spec": {
+            "selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
+            "ports": [{"name": "http", "port": plan.port, "targetPort": plan.port}],
+        },
+    }
+    header = (
+        f"# {plan.summary}\n"
+        f"# Needs the LeaderWorkerSet controller, a Secret `{HF_TOKEN_SECRET}` (key `token`) and a "
+        f"PersistentVolumeClaim `{HF_CACHE_CLAIM}` for the weights.\n"
+    )
+    return header + yaml.safe_dump_all([lws, service], sort_keys=False, width=10_000)

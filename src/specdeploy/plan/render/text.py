@@ -1,0 +1,112 @@
+"""`--format text`: what will run and why, the memory table and the warnings, for a reader new to it all."""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+
+from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.plan.memory import gib
+
+WIDTH = 100
+
+
+def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
+    first = indent if first is None else first
+    # URLs and flags must stay whole to be copied.
+    wrapped = textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=indent + "  ",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    return wrapped or [first]
+
+
+def _command_lines(plan: LaunchPlan) -> list[str]:
+    """The command one flag (with its value) per line, the way a person would paste it."""
+    env = [f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items())]
+    launcher, args = plan.launcher_prefix, plan.server_args
+    groups: list[str] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append(shlex.quote(arg))
+        else:
+            groups[-1] += " " + shlex.quote(arg)
+    head = " ".join([*env, *launcher])
+    return ["  " + head + " \\"] + [f"      {group} \\" for group in groups[:-1]] + [f"      {groups[-1]}"]
+
+
+def _models(plan: LaunchPlan) -> list[str]:
+    lines = []
+    for model in plan.models:
+        revision = (
+            "shipped with specdeploy" if model.path.startswith("zoo:") else model.revision or "NOT PINNED"
+        )
+        gated = f", gated: request access at {model.access_url}" if model.gated else ""
+        lines.append(
+            f"  {model.role:<8} {model.path}  (revision {revision}, {gib(model.disk_bytes)} on disk{gated})"
+        )
+    return lines
+
+
+def _memory(plan: LaunchPlan) -> list[str]:
+    m = plan.memory
+    gpu = plan.gpus.gpu_model is not None
+    per = "per GPU" if gpu else "host memory"
+    runtime = "CUDA context, NCCL, one prefill chunk" if gpu else "Python process and activations"
+    rows = [
+        ("target weights", m.weights_per_gpu, f"TP{plan.tp} shard" if gpu else "fp32 on CPU"),
+        ("drafter weights", m.drafter_per_gpu, ""),
+        ("recurrent state", m.recurrent_state_per_gpu, "Gated DeltaNet state of all running requests"),
+        ("CUDA graphs", m.cuda_graph_reserve, "reserve outside the static pool (estimate)"),
+        ("runtime, activations", m.activation_reserve, f"{runtime} (estimate)"),
+        ("KV cache", m.kv_budget_per_gpu, f"{m.kv_tokens_fit:,} tokens at {m.kv_bytes_per_token:,} B/token"),
+    ]
+    lines = [f"Memory ({gib(m.gpu_memory)} {per})"]
+    lines += [
+        f"  {label:<22}{gib(size):>10}   {note}".rstrip()
+        for label, size, note in rows
+        if size or label == "KV cache"
+    ]
+    if m.mem_fraction_static is not None:
+        lines.append(
+            f"  --mem-fraction-static {m.mem_fraction_static:.2f}: weights and KV cache share of the GPU"
+        )
+    lines.append(f"  requests that can hold the full context at once: {m.full_length_requests}")
+    return lines
+
+
+def render_text(plan: LaunchPlan) -> str:
+    engine = plan.engine
+    lines = [f"specdeploy plan: {plan.recipe} on {plan.hardware}, mode {plan.mode}", ""]
+    lines += ["What will run", *_wrap(plan.summary)]
+    build = f"{engine.name} {engine.version}"
+    lines += _wrap(
+        f"engine: {build}"
+        + (f", container image {engine.image}" if engine.image else "")
+        + f" ({engine.source})"
+    )
+    if engine.install:
+        lines.append("  this build is installed into the image at start-up by:")
+        lines += [f"    {step}" for step in engine.install]
+    lines += ["", "Models", *_models(plan), "", "Command", *_command_lines(plan), ""]
+    lines.append("Why these settings")
+    for reason in plan.reasons:
+        lines += _wrap(f"{reason.choice}: {reason.why}", first="  - ", indent="    ")
+    lines += ["", *_memory(plan), ""]
+    if plan.warnings:
+        lines.append("Warnings")
+        for warning in plan.warnings:
+            lines += _wrap(warning, first="  ! ", indent="    ")
+        lines.append("")
+    lines += [
+        "Next",
+        f"  specdeploy up {plan.recipe} --hardware {plan.hardware} --mode {plan.mode}"
+        + (f" --budget {plan.budget}" if plan.budget is not None else "")
+        + "   (preflight, download, launch, health, smoke test)",
+        "  or render this plan with --format sh | compose | k8s | json",
+    ]
+    return "\n".join(lines) + "\n"
