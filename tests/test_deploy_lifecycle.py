@@ -34,6 +34,7 @@ def test_up_status_down(tmp_path):
         assert manifest["python"] and manifest["torch"] and manifest["specdeploy_version"]
         assert [check["name"] for check in manifest["preflight"]] == ["port"]
 
+        assert load_deployment(deployment.run_dir).manifest == deployment.manifest
         status = deployment_status(load_deployment(deployment.run_dir))
         assert status["state"] == "running" and status["alive"] and status["healthy"]
     finally:

@@ -22,6 +22,7 @@ from specdeploy.deploy.manifest import (
     git_commit,
     image_digest,
     point_latest,
+    read_manifest,
     read_state,
     runtime_versions,
     utc_now,
@@ -43,7 +44,7 @@ class Deployment:
 
     run_dir: Path
     record: DeploymentRecord
-    manifest: Manifest | None = None  # None when loaded from a run directory by a later command
+    manifest: Manifest | None = None  # None until the server became healthy
 
     @property
     def handle(self) -> LaunchHandle:
@@ -177,7 +178,8 @@ def deploy_up(
 
 
 def load_deployment(run_dir: Path) -> Deployment:
-    return Deployment(run_dir=run_dir, record=read_state(run_dir))
+    """A deployment recorded by an earlier `up`, from its run directory."""
+    return Deployment(run_dir=run_dir, record=read_state(run_dir), manifest=read_manifest(run_dir))
 
 
 def deploy_down(deployment: Deployment, grace_s: float = DEFAULT_STOP_GRACE_S) -> Deployment:

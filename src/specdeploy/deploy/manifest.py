@@ -5,10 +5,10 @@ from __future__ import annotations
 import platform
 import subprocess
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import specdeploy
@@ -56,7 +56,7 @@ class Manifest(BaseModel):
     git_commit: str | None  # of the specdeploy checkout, with "-dirty" when it has local changes
     engine: EngineRecord
     python: str
-    torch: str
+    torch: str | None  # the torch installed next to specdeploy (the reference engine's)
     hardware: DetectedHardware | None
     launcher: LaunchHandle
     launch_command: list[str]
@@ -120,11 +120,18 @@ def image_digest(image: str) -> str | None:
     return result.stdout.strip() or None
 
 
-def runtime_versions() -> dict[str, str]:
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)  # read from the package metadata: importing torch is slow
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_versions() -> dict[str, str | None]:
     return {
         "specdeploy_version": specdeploy.__version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _installed_version("torch"),
     }
 
 
@@ -146,6 +153,12 @@ def point_latest(run_dir: Path, runs_root: Path = DEFAULT_RUNS_ROOT) -> None:
     """Make `run_dir` the deployment that `down`, `status` and `logs` use when given no run directory."""
     runs_root.mkdir(parents=True, exist_ok=True)
     (runs_root / LATEST_POINTER).write_text(str(run_dir.resolve()) + "\n")
+
+
+def read_manifest(run_dir: Path) -> Manifest | None:
+    """The manifest of a deployment that became healthy; None for one that never did."""
+    path = run_dir / MANIFEST_FILE
+    return Manifest.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def read_state(run_dir: Path) -> DeploymentRecord:
