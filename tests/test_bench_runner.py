@@ -69,6 +69,9 @@ def test_paired_baseline_gives_speedup_tau_and_match(tmp_path: Path) -> None:
     assert cell.comparison.baseline_cell == "baseline/custom/-/c3/rep1"
     assert cell.comparison.output_match_rate == 1.0 and cell.comparison.n_compared == 7
     for point in ("target/custom/dflash/c1", "target/custom/dflash/c3"):
+        assert summary.speedups[point].baseline_cell == point.replace("target", "baseline").replace(
+            "dflash", "-"
+        )
         pooled = summary.speedups[point].speedup
         assert pooled.n_pairs == 14
         assert 1.5 < pooled.estimate < 2.2 and pooled.low <= pooled.estimate <= pooled.high

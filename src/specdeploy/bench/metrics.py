@@ -5,7 +5,8 @@ Definitions (all per request, from the client's own clock):
 - Chunk gap: time between consecutive chunks. A chunk of k tokens arrives at once, so ITL per token
   spreads its gap evenly, k values of gap/k (SGLang's fix for multi-token chunks). Counting one gap
   and k-1 zeros would make the median ITL 0 under speculative decoding; counting the chunk gap as
-  one token's ITL would overstate it k-fold. Chunk gaps are reported separately.
+  one token's ITL would overstate it k-fold. Chunk gaps are reported separately. Tokens of the
+  first chunk belong to TTFT and have no ITL.
 - TPOT: (last chunk - first chunk) / (tokens after the first chunk), i.e. the mean of the request's
   per-token ITL; the first chunk may already hold several tokens.
 - tau: completion_tokens / spec_verify_ct (tokens per target forward, bonus token included).

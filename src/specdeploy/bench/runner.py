@@ -339,8 +339,9 @@ def _pooled(
     for cell in run_dir.read_summary().cells.values():
         if cell.key.role == "target" and cell.key.point_id == key.point_id:
             target[cell.key.repeat] = run_dir.read_records(cell.key.id)
+    baseline_point = ""
     for repeat in target:
         found = _baseline_records(run_dir, baseline_run, key.model_copy(update={"repeat": repeat}))
         if found is not None:
-            baseline[repeat] = found[1]
-    return compare(target, baseline, key.point_id, _greedy(config))
+            baseline_point, baseline[repeat] = found[0].rsplit("/", 1)[0], found[1]
+    return compare(target, baseline, baseline_point, _greedy(config))
