@@ -111,10 +111,14 @@ def make_plan(
     )
 
 
-def fake_server_plan(port: int, *server_flags: str, mode: str = "dflash") -> LaunchPlan:
-    """A CPU plan whose argv starts the fake SGLang server (run by the local launcher)."""
+def fake_server_plan(port: int, *server_flags: str, engine: str = "reference") -> LaunchPlan:
+    """A CPU plan whose argv starts the fake SGLang server (run by the local or the docker launcher).
+
+    The engine is "reference" by default so that preflight does not look for SGLang; docker needs "sglang"
+    for the plan to name an image.
+    """
     argv = [sys.executable, str(FAKE_SERVER), "--port", str(port), *server_flags]
-    return make_plan(profile="cpu", models=[], argv=argv, port=port, mode=mode)
+    return make_plan(profile="cpu", models=[], argv=argv, port=port, engine=engine)
 
 
 def recorded_nvidia_smi(name: str):

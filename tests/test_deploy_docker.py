@@ -32,7 +32,7 @@ def calls(state):
 
 
 def test_docker_up_status_down(fake_docker, tmp_path):
-    plan = fake_server_plan(free_port(), "--tau", "5")
+    plan = fake_server_plan(free_port(), "--tau", "5", engine="sglang")
     run_dir = tmp_path / "runs" / "docker-run"
     deployment = deploy_up(plan, "docker", run_dir, runs_root=tmp_path / "runs", health_timeout_s=30)
     try:
@@ -54,7 +54,7 @@ def test_docker_up_status_down(fake_docker, tmp_path):
 
 
 def test_docker_container_that_dies_shows_its_log(fake_docker, tmp_path):
-    plan = fake_server_plan(free_port(), "--die-after", "0.2")
+    plan = fake_server_plan(free_port(), "--die-after", "0.2", engine="sglang")
     with pytest.raises(ServerStartError, match="CUDA out of memory"):
         deploy_up(plan, "docker", tmp_path / "run", runs_root=tmp_path / "runs", health_timeout_s=30)
     assert ["rm", "specdeploy-run"] in calls(fake_docker)

@@ -1,5 +1,6 @@
 import json
 import socket
+import subprocess
 import threading
 from collections import namedtuple
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ from specdeploy.deploy.preflight import (
     check_disk,
     check_docker,
     check_hf_token,
+    check_local_sglang,
     check_port,
     check_repo_access,
     run_preflight,
@@ -245,3 +247,41 @@ def test_gpu_plan_on_machine_without_driver():
 def test_cpu_plan_skips_gpu_checks():
     report = run_preflight(make_plan("cpu", models=[]), None, "reference")
     assert list(statuses(report)) == ["port"]
+
+
+def answers(text=None, error=None):
+    def run(argv):
+        if error:
+            raise error
+        return text
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("run", "status", "words"),
+    [
+        (answers("0.5.23\n"), Status.OK, "SGLang 0.5.23"),
+        (answers("0.5.16\n"), Status.WARN, "has 0.5.16"),
+        (
+            answers(error=subprocess.CalledProcessError(1, "python")),
+            Status.FAIL,
+            "pip install 'sglang==0.5.23'",
+        ),
+        (answers(error=FileNotFoundError("python")), Status.FAIL, "not on PATH"),
+    ],
+)
+def test_local_sglang_install(run, status, words):
+    result = check_local_sglang(make_plan(), run)
+    assert result.status is status and words in result.message
+
+
+def test_local_sglang_is_checked_only_for_the_local_launcher():
+    plan = make_plan("cpu", models=[])
+
+    def names(launcher):
+        return [
+            check.name for check in run_preflight(plan, None, launcher, run=answers('{"nvidia": {}}')).checks
+        ]
+
+    assert names("local") == ["sglang", "port"] and names("docker") == ["docker", "port"]

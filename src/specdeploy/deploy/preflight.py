@@ -234,6 +234,31 @@ def check_docker(run: CommandRunner) -> CheckResult:
     return _ok("docker", f"Docker with the NVIDIA runtime (runtimes: {', '.join(sorted(runtimes))})")
 
 
+def check_local_sglang(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
+    """The local launcher runs the plan's interpreter: is SGLang installed there, at the planned version?"""
+    python = plan.argv[0]
+    wanted = plan.engine.version.split("+")[0]  # "0.5.23+pr29907.93e9850e43": the release it builds on
+    probe = "import importlib.metadata as m; print(m.version('sglang'))"
+    try:
+        found = run([python, "-c", probe]).strip()
+    except FileNotFoundError:
+        return _fail(
+            "sglang", f"{python!r} is not on PATH: activate the environment that has SGLang installed"
+        )
+    except subprocess.CalledProcessError:
+        return _fail(
+            "sglang",
+            f"SGLang is not installed for {python!r}: `pip install '{plan.engine.source}'`, or use `--launcher docker`",
+        )
+    if found != wanted:
+        return _warn(
+            "sglang",
+            f"the plan was checked against SGLang {wanted}, {python!r} has {found}: flags and defaults may differ; "
+            f"`pip install '{plan.engine.source}'` or use `--launcher docker`",
+        )
+    return _ok("sglang", f"SGLang {found} for {python!r}, as planned")
+
+
 def check_port(host: str, port: int) -> CheckResult:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # Servers bind with SO_REUSEADDR, so a port in TIME_WAIT is free for them: probe the same way.
@@ -280,5 +305,7 @@ def run_preflight(
         checks += [check_repo_access(model, api) for model in hub_models]
     if launcher == "docker":
         checks.append(check_docker(run))
+    if launcher == "local" and plan.engine.name == "sglang":
+        checks.append(check_local_sglang(plan, run))
     checks.append(check_port(plan.host, plan.port))
     return PreflightReport(checks=checks)
