@@ -9,6 +9,8 @@ Definitions (all per request, from the client's own clock):
   first chunk belong to TTFT and have no ITL.
 - TPOT: (last chunk - first chunk) / (tokens after the first chunk), i.e. the mean of the request's
   per-token ITL; the first chunk may already hold several tokens.
+- Output tok/s per user: a request's tokens over its E2E. Output tok/s and requests/s of a cell:
+  successful tokens and requests over the span from its first send to its last stream end.
 - tau: completion_tokens / spec_verify_ct (tokens per target forward, bonus token included).
 - Speedup: baseline time per output token over target time per output token, summed over the
   pairs (same prompt, same turn, same repeat) that succeeded on both sides. Its confidence interval
