@@ -35,6 +35,8 @@ def test_up_status_down(tmp_path):
         assert [check["name"] for check in manifest["preflight"]] == ["port"]
 
         assert load_deployment(deployment.run_dir).manifest == deployment.manifest
+        with pytest.raises(SpecdeployError, match="not stopped"):
+            deploy_up(plan, "local", deployment.run_dir, runs_root=runs)
         status = deployment_status(load_deployment(deployment.run_dir))
         assert status["state"] == "running" and status["alive"] and status["healthy"]
     finally:

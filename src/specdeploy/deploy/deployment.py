@@ -15,6 +15,7 @@ from specdeploy.deploy.health import probe, wait_for_health
 from specdeploy.deploy.launchers import LauncherName, LaunchHandle, get_launcher
 from specdeploy.deploy.manifest import (
     DEFAULT_RUNS_ROOT,
+    STATE_FILE,
     DeploymentRecord,
     EngineRecord,
     Manifest,
@@ -32,6 +33,7 @@ from specdeploy.deploy.manifest import (
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
 from specdeploy.deploy.smoke import SmokeReport, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
+from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 
 DEFAULT_HEALTH_TIMEOUT_S = 1800.0  # Kimi K2.6 on 8 GPUs loads ~600 GB of weights and captures CUDA graphs
@@ -113,6 +115,12 @@ def deploy_up(
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure."""
     console = console or Console(stderr=True)
     run_dir = run_dir or default_run_dir(plan, runs_root)
+    if (run_dir / STATE_FILE).is_file() and read_state(run_dir).state in ("starting", "running"):
+        # Overwriting the state file would lose the only handle on a server that may still hold the GPUs.
+        raise SpecdeployError(
+            f"{run_dir} already holds a deployment that was not stopped: `specdeploy down {run_dir}` first, "
+            "or choose another --run-dir"
+        )
     if needs_gpus(plan) and hardware is None:
         hardware = detect_hardware()
     preflight = run_preflight(plan, hardware, launcher, api=api)
