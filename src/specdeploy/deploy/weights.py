@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Literal
 
@@ -64,13 +63,9 @@ def validate_checkpoint_dir(directory: Path) -> Path:
 
 def resolve_zoo_model(path: str) -> Path:
     """`zoo:NAME` -> the shipped tiny model's directory, through the zoo registry."""
-    try:
-        registry = importlib.import_module("specdeploy.zoo.registry")
-    except ModuleNotFoundError as exc:
-        raise SpecdeployError(
-            f"cannot resolve {path}: this specdeploy has no zoo registry (specdeploy.zoo.registry)"
-        ) from exc
-    return Path(registry.resolve_model_path(path))  # takes `zoo:NAME` whole, as the engine's loader does
+    from specdeploy.zoo.registry import resolve_model_path  # imported on use: it loads transformers (slow)
+
+    return Path(resolve_model_path(path))  # takes `zoo:NAME` whole, as the engine's loader does
 
 
 def rich_tqdm_class(progress: Progress) -> type[tqdm]:
