@@ -120,7 +120,10 @@ def test_torn_write_is_recovered_on_resume(tmp_path: Path) -> None:
     try:
         data = custom_prompts(tmp_path, 2)
         out = tmp_path / "run"
-        run(config(server.url, data, concurrency=[2]), out)
+        run(config(server.url, data, concurrency=[2]), out, deployment={"plan": "argv"})
+        assert RunDirectory(out).read_manifest().deployment == {"plan": "argv"}
+        with pytest.raises(SpecdeployError, match="already holds a run"):
+            run(config(server.url, data, concurrency=[2]), out)
         lines = (out / "requests.jsonl").read_text().splitlines()
         stray = json.loads(lines[0]) | {"cell": "target/custom/dflash/c4/rep0"}
         with (out / "requests.jsonl").open(

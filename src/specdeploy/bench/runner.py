@@ -108,6 +108,10 @@ def open_run(config: BenchConfig, out: Path, resume: bool) -> tuple[RunDirectory
     """The run directory and the config to run: a resumed run keeps the manifest's cells."""
     run_dir = RunDirectory(out)
     if not resume:
+        if run_dir.exists():
+            raise SpecdeployError(
+                f"{out} already holds a run: pass --resume to continue it or choose another --out"
+            )
         return run_dir, config
     if not run_dir.exists():
         raise SpecdeployError(f"nothing to resume: {out} holds no run (drop --resume to start one)")
@@ -122,10 +126,17 @@ def open_run(config: BenchConfig, out: Path, resume: bool) -> tuple[RunDirectory
     return run_dir, saved.model_copy(update={k: getattr(config, k) for k in RESUMABLE_CHANGES})
 
 
-def run(config: BenchConfig, out: Path, resume: bool = False, progress: Progress | None = None) -> RunSummary:
+def run(
+    config: BenchConfig,
+    out: Path,
+    resume: bool = False,
+    progress: Progress | None = None,
+    deployment: dict[str, Any] | None = None,
+) -> RunSummary:
+    """Run (or resume) a benchmark into `out`; `deployment` facts go into a new run's manifest."""
     config.check()
     run_dir, config = open_run(config, out, resume)
-    return asyncio.run(_run(config, run_dir, progress or (lambda *_: None)))
+    return asyncio.run(_run(config, run_dir, progress or (lambda *_: None), deployment or {}))
 
 
 @dataclass
@@ -135,7 +146,9 @@ class _Server:
     template: ChatTemplate | None
 
 
-async def _run(config: BenchConfig, run_dir: RunDirectory, progress: Progress) -> RunSummary:
+async def _run(
+    config: BenchConfig, run_dir: RunDirectory, progress: Progress, deployment: dict[str, Any]
+) -> RunSummary:
     prompts = load_prompts(
         WorkloadOptions(
             dataset=config.dataset,
@@ -157,7 +170,7 @@ async def _run(config: BenchConfig, run_dir: RunDirectory, progress: Progress) -
             servers["baseline"] = await _connect(stack, config, config.baseline_url, prompts)
         if not run_dir.exists():
             info = {role: await s.client.get_json("/server_info") for role, s in servers.items()}
-            run_dir.create(_manifest(config), info)
+            run_dir.create(_manifest(config, deployment), info)
         todo = [key for key in config.cells() if key.id not in run_dir.finished_cells()]
         for role, server in servers.items():
             if any(key.role == role for key in todo):
@@ -205,12 +218,13 @@ async def _served_tokenizer(client: BenchClient) -> str | None:
     return info.get("tokenizer_path") or info.get("model_path")
 
 
-def _manifest(config: BenchConfig) -> RunManifest:
+def _manifest(config: BenchConfig, deployment: dict[str, Any]) -> RunManifest:
     return RunManifest(
         run_id=new_run_id(),
         created_unix=time.time(),
         specdeploy_version=specdeploy.__version__,
         options=config.model_dump(),
+        deployment=deployment,
     )
 
 
