@@ -220,7 +220,7 @@ class BenchClient:
 def _on_native(event: dict[str, Any], stream: _Stream, now: int) -> None:
     meta = event.get("meta_info") or {}
     ids = event.get("output_ids")
-    text = event.get("text", "")
+    text = event.get("text") or ""  # SGLang may leave text null on intermediate events
     # Default SGLang streams cumulative ids and text; with incremental streaming they are deltas.
     cumulative = ids is None or len(ids) == meta.get("completion_tokens", len(ids)) >= len(stream.ids)
     if ids is not None:
