@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdeploy.deploy.hardware import NVIDIA_SMI_MEMORY_USED, NVIDIA_SMI_TOPOLOGY
 from specdeploy.plan.launch_plan import EngineSpec, GpuRequirement, LaunchPlan, MemoryTable, ModelRef
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -121,14 +122,16 @@ def fake_server_plan(port: int, *server_flags: str, engine: str = "reference") -
     return make_plan(profile="cpu", models=[], argv=argv, port=port, engine=engine)
 
 
-def recorded_nvidia_smi(name: str):
+def recorded_nvidia_smi(name: str, memory_used: str = "memory-used"):
     """A command runner that answers nvidia-smi with the outputs recorded on machine `name`."""
 
     def run(argv: list[str]) -> str:
         if name == "no-gpu":
             stderr = (NVIDIA_SMI / "no-gpu.stderr.txt").read_text()
             raise subprocess.CalledProcessError(9, argv, output="", stderr=stderr)
-        suffix = "topo.txt" if argv[1:] == ["topo", "-m"] else "query.csv"
+        if argv == NVIDIA_SMI_MEMORY_USED:
+            return (NVIDIA_SMI / f"{name}.{memory_used}.csv").read_text()
+        suffix = "topo.txt" if argv == NVIDIA_SMI_TOPOLOGY else "query.csv"
         return (NVIDIA_SMI / f"{name}.{suffix}").read_text()
 
     return run

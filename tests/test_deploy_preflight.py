@@ -14,6 +14,7 @@ from specdeploy.deploy.preflight import (
     Status,
     check_disk,
     check_docker,
+    check_gpus_idle,
     check_hf_token,
     check_local_sglang,
     check_port,
@@ -193,6 +194,18 @@ def statuses(report):
     return {check.name: check.status for check in report.checks}
 
 
+def machine(name, memory_used="memory-used"):
+    """Commands on a recorded machine: nvidia-smi as recorded, docker with the NVIDIA runtime, SGLang 0.5.23."""
+    nvidia_smi = recorded_nvidia_smi(name, memory_used)
+
+    def run(argv):
+        if argv[0] == "nvidia-smi":
+            return nvidia_smi(argv)
+        return '{"nvidia": {}, "runc": {}}' if argv[0] == "docker" else "0.5.23\n"
+
+    return run
+
+
 def test_plan_matches_recorded_machine(hub_api, no_token, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_env")
     hardware = detect_with_nvidia_smi(recorded_nvidia_smi("rtx-pro-6000-x8"))
@@ -203,7 +216,7 @@ def test_plan_matches_recorded_machine(hub_api, no_token, monkeypatch, tmp_path)
         api=hub_api,
         cache_dir=tmp_path,
         disk_usage=lambda _: Usage(4000 * GB, 0, 4000 * GB),
-        run=lambda argv: '{"nvidia": {}, "runc": {}}',
+        run=machine("rtx-pro-6000-x8"),
     )
     assert not report.failures, report.failures
     assert set(statuses(report)) == {
@@ -212,6 +225,7 @@ def test_plan_matches_recorded_machine(hub_api, no_token, monkeypatch, tmp_path)
         "architecture",
         "gpu memory",
         "interconnect",
+        "gpus idle",
         "disk",
         "hf token",
         "access moonshotai/Kimi-K2.6",
@@ -221,9 +235,9 @@ def test_plan_matches_recorded_machine(hub_api, no_token, monkeypatch, tmp_path)
     }
 
 
-def test_pcie_plan_on_nvlink_b200(hub_api, tmp_path):
+def test_pcie_plan_on_nvlink_b200():
     hardware = detect_with_nvidia_smi(recorded_nvidia_smi("b200-x8"))
-    report = run_preflight(make_plan("rtx-pro-6000-x8", models=[]), hardware, "local", api=hub_api)
+    report = run_preflight(make_plan("rtx-pro-6000-x8", models=[]), hardware, "local", run=machine("b200-x8"))
     result = statuses(report)
     assert result["architecture"] is Status.FAIL and result["interconnect"] is Status.WARN
     assert result["gpu count"] is Status.OK and result["gpu memory"] is Status.OK
@@ -233,13 +247,15 @@ def test_pcie_plan_on_nvlink_b200(hub_api, tmp_path):
 
 def test_nvlink_plan_on_one_h200():
     hardware = detect_with_nvidia_smi(recorded_nvidia_smi("h200-x1"))
-    result = statuses(run_preflight(make_plan("h200-x8", models=[]), hardware, "local"))
+    result = statuses(
+        run_preflight(make_plan("h200-x8", models=[]), hardware, "local", run=machine("h200-x1"))
+    )
     assert result["gpu count"] is Status.FAIL and result["architecture"] is Status.OK
 
 
 def test_gpu_plan_on_machine_without_driver():
     hardware = detect_with_nvidia_smi(recorded_nvidia_smi("no-gpu"))
-    report = run_preflight(make_plan("b200-x8", models=[]), hardware, "local")
+    report = run_preflight(make_plan("b200-x8", models=[]), hardware, "local", run=machine("no-gpu"))
     assert [c.name for c in report.failures] == ["driver"]
     assert "--launcher reference" in report.failures[0].message
 
@@ -285,3 +301,24 @@ def test_local_sglang_is_checked_only_for_the_local_launcher():
         ]
 
     assert names("local") == ["sglang", "port"] and names("docker") == ["docker", "port"]
+
+
+def test_gpu_held_by_another_process():
+    hardware = detect_with_nvidia_smi(recorded_nvidia_smi("rtx-pro-6000-x8"))
+    busy = machine("rtx-pro-6000-x8", "memory-used-busy")
+    result = next(
+        c
+        for c in run_preflight(make_plan(models=[]), hardware, "local", run=busy).checks
+        if c.name == "gpus idle"
+    )
+    assert result.status is Status.FAIL
+    assert (
+        "GPU 0: 74.7 GB" in result.message
+        and "90% free" in result.message
+        and "specdeploy status" in result.message
+    )
+    # Without a static memory fraction (the reference engine), held memory is worth a warning only.
+    lenient = make_plan(models=[]).model_copy(
+        update={"memory": make_plan().memory.model_copy(update={"mem_fraction_static": None})}
+    )
+    assert check_gpus_idle(lenient, busy).status is Status.WARN

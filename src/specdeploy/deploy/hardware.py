@@ -23,6 +23,7 @@ NVIDIA_SMI_QUERY = [
     "--format=csv,noheader",
 ]
 NVIDIA_SMI_TOPOLOGY = ["nvidia-smi", "topo", "-m"]
+NVIDIA_SMI_MEMORY_USED = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -81,6 +82,15 @@ def parse_gpu_query(text: str) -> tuple[list[GpuInfo], str | None]:
         gpus.append(GpuInfo(name=name, memory_bytes=memory_mib * 2**20, compute_capability=capability))
         drivers.add(driver)
     return gpus, (sorted(drivers)[0] if drivers else None)
+
+
+def parse_memory_used(text: str) -> dict[int, int]:
+    """Parse `nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits`: GPU index -> bytes."""
+    used: dict[int, int] = {}
+    for line in text.strip().splitlines():
+        index, mib = (field.strip() for field in line.split(","))
+        used[int(index)] = int(mib) * 2**20
+    return used
 
 
 def parse_topology(text: str) -> Interconnect:

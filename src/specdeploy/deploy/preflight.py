@@ -16,7 +16,13 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, HTTPError
 from pydantic import BaseModel
 
-from specdeploy.deploy.hardware import CommandRunner, DetectedHardware, run_command
+from specdeploy.deploy.hardware import (
+    NVIDIA_SMI_MEMORY_USED,
+    CommandRunner,
+    DetectedHardware,
+    parse_memory_used,
+    run_command,
+)
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.deploy.weights import hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
@@ -31,6 +37,8 @@ DiskUsage = Callable[[Path], _FreeSpace]
 
 # nvidia-smi rounds and reserves a little memory: a profile's nominal size may read a few percent lower.
 MEMORY_TOLERANCE = 0.95
+# The driver and display stack keep a few hundred MiB on an idle GPU; more means another process.
+IDLE_GPU_BYTES = 2**30
 # Below this margin over the download size, the disk is "tight" (logs, compile caches, partial files).
 DISK_MARGIN = 1.1
 
@@ -259,6 +267,31 @@ def check_local_sglang(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
     return _ok("sglang", f"SGLang {found} for {python!r}, as planned")
 
 
+def check_gpus_idle(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
+    """Memory another process holds (often a server from an earlier run) is missing from the plan's budget."""
+    try:
+        used = parse_memory_used(run(NVIDIA_SMI_MEMORY_USED))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return _warn("gpus idle", f"could not read GPU memory use ({exc}): not verified")
+    total = plan.gpus.memory_bytes_per_gpu
+    # SGLang claims mem_fraction_static of each GPU at start and fails when less than that is free.
+    fraction = plan.memory.mem_fraction_static
+    busy = {index: bytes_ for index, bytes_ in sorted(used.items()) if index < plan.gpus.count}
+    too_full = [i for i, bytes_ in busy.items() if fraction is not None and total - bytes_ < fraction * total]
+    holding = [index for index, bytes_ in busy.items() if bytes_ > IDLE_GPU_BYTES]
+    listing = ", ".join(f"GPU {index}: {_gb(busy[index])}" for index in holding)
+    remedy = "`nvidia-smi` shows which processes; stop them (an earlier deployment? `specdeploy status`)"
+    if too_full:
+        return _fail(
+            "gpus idle",
+            f"memory in use ({listing}) leaves less than the plan's {fraction:.0%} free: the server will not "
+            f"start; {remedy}",
+        )
+    if holding:
+        return _warn("gpus idle", f"memory in use ({listing}); {remedy}")
+    return _ok("gpus idle", f"the {plan.gpus.count} GPUs hold no other work")
+
+
 def check_port(host: str, port: int) -> CheckResult:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # Servers bind with SO_REUSEADDR, so a port in TIME_WAIT is free for them: probe the same way.
@@ -296,6 +329,7 @@ def run_preflight(
                 check_architecture(plan.gpus, hardware),
                 check_gpu_memory(plan.gpus, hardware),
                 check_interconnect(plan.gpus, hardware),
+                check_gpus_idle(plan, run),
             ]
     hub_models = [model for model in plan.models if model_location(model.path) == "hub"]
     if hub_models:
