@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from specdeploy.zoo.commands import eval_command, list_command
+from specdeploy.zoo.train import train_command
+
 app = typer.Typer(no_args_is_help=True, help=__doc__)
 
 
@@ -29,3 +32,8 @@ def random_pair(
         typer.echo(json.dumps({"target": str(target_dir), "draft": str(draft_dir), "family": family}))
     else:
         typer.echo(f"target: {target_dir}\ndraft:  {draft_dir}")
+
+
+app.command("list")(list_command)
+app.command("train")(train_command)
+app.command("eval")(eval_command)

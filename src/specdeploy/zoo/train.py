@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from specdeploy.zoo.pipeline import TrainSettings, train_zoo
 from specdeploy.zoo.specs import PAIRS
 
 
@@ -39,6 +38,8 @@ def train_command(
     archive_part_mb: int = typer.Option(15),
 ) -> None:
     """Train tokenizer, targets and DFlash drafters for the zoo's pairs, checkpointing as it goes."""
+    from specdeploy.zoo.pipeline import TrainSettings, train_zoo
+
     settings = TrainSettings(
         seed=seed,
         device=device,

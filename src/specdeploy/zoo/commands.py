@@ -1,0 +1,74 @@
+"""`specdeploy zoo list` and `specdeploy zoo eval` (`zoo train` lives in zoo/train.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specdeploy.zoo.registry import zoo_pairs
+
+
+def list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per pair.")] = False,
+) -> None:
+    """Show the zoo's trained pairs: family, parameters, block size, size on disk and card summary."""
+    rows = []
+    for pair in zoo_pairs():
+        log = pair.train_log()
+        rows.append(
+            {
+                "name": pair.name,
+                "model": f"zoo:{pair.name}",
+                "draft": f"zoo:{pair.name}-draft",
+                "family": pair.spec.family,
+                "target_parameters": log.get("target_parameters"),
+                "draft_parameters": log.get("draft_parameters"),
+                "block_size": pair.spec.block_size,
+                "size_bytes": pair.size_bytes() if pair.directory.exists() else 0,
+                "shipped": pair.shipped,
+                "summary": pair.card_summary(),
+            }
+        )
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    table = Table(title="specdeploy zoo")
+    for column in ("name", "family", "target", "drafter", "block", "on disk", "card"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["name"],
+            row["family"],
+            _millions(row["target_parameters"]),
+            _millions(row["draft_parameters"]),
+            str(row["block_size"]),
+            f"{row['size_bytes'] / 1e6:.1f} MB" if row["shipped"] else "not trained",
+            row["summary"],
+        )
+    Console().print(table)
+
+
+def eval_command(
+    name: Annotated[str, typer.Argument(help="Zoo pair, e.g. tiny-code.")],
+    prompts: Annotated[int, typer.Option("--prompts", help="Held-out prompts to decode.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 128,
+    budget: Annotated[int, typer.Option(help="DDTree node budget.")] = 32,
+    write_card: Annotated[bool, typer.Option("--write-card", help="Rewrite the pair's card.md.")] = False,
+) -> None:
+    """Measure tau and tokens/s per mode (ar, dflash, ddtree) on held-out prompts with the reference engine."""
+    from specdeploy.zoo import evaluate
+    from specdeploy.zoo.table import mode_table
+
+    evaluation = evaluate.evaluate_pair(name, prompts, max_new_tokens, budget, say=typer.echo)
+    Console().print(mode_table(evaluation.rows, f"{name}: {prompts} held-out prompts, greedy"))
+    if write_card:
+        evaluate.write_card(name, evaluation)
+
+
+def _millions(count: int | None) -> str:
+    return f"{count / 1e6:.2f}M" if count else "-"

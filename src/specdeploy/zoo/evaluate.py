@@ -1,0 +1,46 @@
+"""`specdeploy zoo eval NAME`: tau per mode on held-out prompts with the reference engine, and the card."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.zoo.card import Evaluation, render_card
+from specdeploy.zoo.measure import ModeSpec, run_modes
+from specdeploy.zoo.prompts import held_out_prompts
+from specdeploy.zoo.registry import get_pair
+from specdeploy.zoo.table import mode_rows
+from specdeploy.zoo.tokenizer import load_tokenizer
+
+ENGINE_FAMILIES = ("qwen3", "deepseek_v3")  # target families the reference engine can decode
+
+
+def evaluate_pair(
+    name: str,
+    num_prompts: int = 8,
+    max_new_tokens: int = 128,
+    budget: int = 32,
+    say: Callable[[str], None] | None = None,
+) -> Evaluation:
+    pair = get_pair(name)
+    if pair.spec.family not in ENGINE_FAMILIES:
+        raise SpecdeployError(f"{name}: {pair.spec.engine_support}, so it cannot be evaluated")
+    tokenizer = load_tokenizer(pair.target_dir)
+    prompts, sources = held_out_prompts(lambda text: tokenizer.encode(text), num_prompts)
+    modes = (ModeSpec("ar"), ModeSpec("dflash"), ModeSpec("ddtree", budget))
+    results = run_modes(
+        pair.target_dir,
+        pair.draft_dir,
+        [tokenizer.encode(p) for p in prompts],
+        modes,
+        max_new_tokens,
+        say=say,
+    )
+    command = f"specdeploy zoo eval {name} --prompts {num_prompts} --max-new-tokens {max_new_tokens} --budget {budget}"
+    return Evaluation(mode_rows(results), sources, max_new_tokens, platform.python_version(), command)
+
+
+def write_card(name: str, evaluation: Evaluation | None) -> None:
+    pair = get_pair(name)
+    pair.card_path.write_text(render_card(pair, evaluation))
