@@ -8,23 +8,26 @@ import typer
 
 from specdeploy.bench import commands as bench_commands
 from specdeploy.deploy import commands as deploy_commands
+from specdeploy.engine import generate_command
 from specdeploy.errors import SpecdeployError
+from specdeploy.plan import commands as plan_commands
+from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False)
 
 
 def fail(message: str) -> None:
     """Print a one-line error and exit with status 2 (the convention for usage errors)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+    sys.exit(2)
 
 
 def main() -> None:
     try:
         app()
     except SpecdeployError as exc:
-        fail(str(exc))
+        fail(" ".join(str(exc).split()))
 
 
 @app.callback()
@@ -32,8 +35,12 @@ def _root() -> None:
     """Deploy and benchmark speculative decoding (DFlash, DDTree) reproducibly."""
 
 
+app.command("generate")(generate_command.generate)
+app.command("serve")(server_commands.serve)
+app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
 deploy_commands.register(app)  # up, down, status, logs
+plan_commands.register(app)  # plan, recipes
 app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
 

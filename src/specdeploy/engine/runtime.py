@@ -1,0 +1,114 @@
+"""Loading a ready-to-decode engine (target, optional drafter, tokenizer) from checkpoint paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdeploy.engine.decode import MODES, Decoder
+from specdeploy.errors import SpecdeployError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Engine:
+    decoder: Decoder
+    tokenizer: Any  # a transformers tokenizer loaded from the target directory
+    model_name: str
+    target_path: Path
+    draft_path: Path | None
+    mode: str
+    budget: int | None
+    block_size: int | None
+    max_context: int
+    device: str
+    dtype: str
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecdeployError("--device cuda was asked for, but torch sees no CUDA device: use --device cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise SpecdeployError(f"unknown device {device!r}: use cpu or cuda")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise SpecdeployError(f"unknown dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A local checkpoint directory, or a `zoo:NAME` model shipped with specdeploy."""
+    if name_or_path.startswith("zoo:"):
+        from specdeploy.zoo.registry import resolve_model_path
+
+        return Path(resolve_model_path(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise SpecdeployError(
+            f"model path {name_or_path} does not exist: give a checkpoint directory or zoo:NAME"
+        )
+    return path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise SpecdeployError(f"no usable tokenizer in {path}: {exc}") from exc
+
+
+def load_engine(
+    target: str,
+    draft: str | None,
+    mode: str,
+    budget: int | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
+) -> Engine:
+    from specdeploy.engine.drafter import load_drafter
+    from specdeploy.engine.loading import load_target
+
+    if mode not in MODES:
+        raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+    if mode != "ar" and draft is None:
+        raise SpecdeployError(f"mode {mode} needs a drafter: pass --draft PATH")
+    if budget is not None and mode != "ddtree":
+        raise SpecdeployError(f"--budget is the DDTree node budget; mode {mode} takes none")
+    if mode == "ddtree" and budget is None:
+        raise SpecdeployError("mode ddtree needs --budget N (draft tree nodes per step, e.g. 32)")
+    if budget is not None and budget < 1:
+        raise SpecdeployError(f"--budget must be at least 1, got {budget}")
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    target_path = resolve_path(target)
+    model = load_target(target_path, device=torch_device, dtype=torch_dtype)
+    drafter = None
+    draft_path = None
+    if mode != "ar":
+        draft_path = resolve_path(draft)
+        drafter = load_drafter(draft_path, device=torch_device, dtype=torch_dtype)
+        drafter.check_compatible(model.config)
+    return Engine(
+        decoder=Decoder(model, drafter, mode, budget),
+        tokenizer=load_tokenizer(target_path),
+        model_name=target_path.name,
+        target_path=target_path,
+        draft_path=draft_path,
+        mode=mode,
+        budget=budget,
+        block_size=drafter.block_size if drafter is not None else None,
+        max_context=model.config.max_position_embeddings,
+        device=str(torch_device),
+        dtype=str(torch_dtype).removeprefix("torch."),
+    )
