@@ -1,3 +1,4 @@
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -5,6 +6,7 @@ from deploy_helpers import NVIDIA_SMI, recorded_nvidia_smi
 
 from specdeploy.deploy.hardware import (
     NVIDIA_SMI_TOPOLOGY,
+    detect_hardware,
     detect_with_nvidia_smi,
     detect_with_nvml,
     parse_gpu_query,
@@ -162,3 +164,23 @@ def test_auto_describes_an_unknown_machine():
         "10.0",
         "nvlink",
     )
+
+
+def test_detect_prefers_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(nvlink=True))
+    assert detect_hardware(recorded_nvidia_smi("b200-x8")).source == "nvml"
+
+
+def test_detect_falls_back_to_nvidia_smi_when_nvml_fails(monkeypatch):
+    class BrokenNvml(FakeNvml):
+        def nvmlInit(self):
+            raise self.NVMLError("Driver Not Loaded")
+
+    monkeypatch.setitem(sys.modules, "pynvml", BrokenNvml(nvlink=True))
+    hardware = detect_hardware(recorded_nvidia_smi("b200-x8"))
+    assert hardware.source == "nvidia-smi" and hardware.gpu_count == 8
+
+
+def test_detect_without_nvidia_ml_py(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    assert detect_hardware(recorded_nvidia_smi("h200-x1")).gpu_model == "NVIDIA H200"
