@@ -36,7 +36,7 @@ def test_docker_command(tmp_path, monkeypatch):
     assert options[options.index("--name") + 1] == "specdeploy-20261202T130000Z-kimi-k2.6-dflash"
     assert options[options.index("--gpus") + 1] == "all"
     assert options[options.index("--ipc") + 1] == "host"
-    assert options[options.index("--publish") + 1] == "30000:30000"
+    assert options[options.index("--publish") + 1] == "127.0.0.1:30000:30000"
     assert f"{tmp_path / 'hub'}:/root/.cache/huggingface/hub" in options
     assert f"{tmp_path / 'drafter'}:{tmp_path / 'drafter'}:ro" in options
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in options

@@ -188,7 +188,7 @@ class DockerLauncher:
             "--shm-size",
             DOCKER_SHM_SIZE,
             "--publish",
-            f"{plan.port}:{plan.port}",
+            f"{plan.host}:{plan.port}:{plan.port}",  # reachable where the plan says, not on every interface
             *[arg for volume in volumes for arg in ("--volume", volume)],
             *[arg for name in DOCKER_PASSTHROUGH_ENV for arg in ("--env", name)],
             *[arg for key, value in sorted(plan.env.items()) for arg in ("--env", f"{key}={value}")],
