@@ -22,8 +22,12 @@ class ServerStartError(SpecdeployError):
     def __init__(self, reason: str, log_tail: list[str]) -> None:
         self.reason = reason
         self.log_tail = log_tail
-        log = f"; last {len(log_tail)} lines of the server log:\n" + "\n".join(log_tail) if log_tail else ""
-        super().__init__(reason + (log or " (the server log is empty)"))
+        if log_tail:
+            super().__init__(
+                f"{reason}; last {len(log_tail)} lines of the server log:\n" + "\n".join(log_tail)
+            )
+        else:
+            super().__init__(f"{reason} (the server log is empty)")
 
 
 def probe(client: httpx.Client, base_url: str, routes: list[str]) -> bool:
