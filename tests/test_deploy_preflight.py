@@ -122,6 +122,25 @@ def test_full_disk(tmp_path):
     )
 
 
+def test_weights_already_in_the_cache_need_no_room(tmp_path):
+    blobs = tmp_path / "models--z-lab--Kimi-K2.6-DFlash" / "blobs"
+    blobs.mkdir(parents=True)
+
+    def blob(name, size):
+        with (blobs / name).open("wb") as f:
+            f.truncate(size)  # sparse: the size without the disk use
+
+    blob("finished", 1 * GB)
+    blob("half.incomplete", 1 * GB)  # an interrupted file is fetched again: it does not count
+    drafter = KIMI_MODELS[1].model_copy(update={"disk_bytes": 3 * GB})
+    tight = check_disk([drafter], tmp_path, disk_usage=lambda _: Usage(0, 0, 1.5 * GB))
+    assert tight.status is Status.FAIL and "need 2.0 GB more (of 3.0 GB), only 1.5 GB free" in tight.message
+    assert check_disk([drafter], tmp_path, disk_usage=lambda _: Usage(0, 0, 2.5 * GB)).status is Status.OK
+    blob("rest", 2 * GB)
+    done = check_disk([drafter], tmp_path, disk_usage=lambda _: Usage(0, 0, 0))
+    assert done.status is Status.OK and "all 3.0 GB of weights are in the cache" in done.message
+
+
 def test_tight_disk_warns_and_cache_dir_may_not_exist_yet(tmp_path):
     seen = []
 

@@ -24,7 +24,7 @@ from specdeploy.deploy.hardware import (
     run_command,
 )
 from specdeploy.deploy.launchers import LauncherName
-from specdeploy.deploy.weights import hub_cache_dir, model_location
+from specdeploy.deploy.weights import cached_bytes, hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import GpuRequirement, LaunchPlan, ModelRef
 
@@ -153,23 +153,24 @@ def check_interconnect(required: GpuRequirement, hardware: DetectedHardware) -> 
 def check_disk(
     models: list[ModelRef], cache_dir: Path, disk_usage: DiskUsage = shutil.disk_usage
 ) -> CheckResult:
-    needed = sum(model.disk_bytes for model in models if model_location(model.path) == "hub")
+    hub = [model for model in models if model_location(model.path) == "hub"]
+    total = sum(model.disk_bytes for model in hub)
+    needed = sum(max(0, model.disk_bytes - cached_bytes(model.path, cache_dir)) for model in hub)
     if not needed:
-        return _ok("disk", "no weights to download")
+        return _ok(
+            "disk", "no weights to download" if not total else f"all {_gb(total)} of weights are in the cache"
+        )
     probe = cache_dir
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent  # the cache dir may not exist yet: measure the disk it will be created on
     free = disk_usage(probe).free
+    what = f"the weights need {_gb(needed)} more" + (f" (of {_gb(total)})" if needed < total else "")
     where = f"{free / 1e9:.1f} GB free under {cache_dir}"
     if free < needed:
-        return _fail(
-            "disk",
-            f"the weights need {_gb(needed)}, only {where}; free space, or point HF_HUB_CACHE at a larger disk "
-            "(files already in the cache are not fetched again)",
-        )
+        return _fail("disk", f"{what}, only {where}; free space, or point HF_HUB_CACHE at a larger disk")
     if free < DISK_MARGIN * needed:
-        return _warn("disk", f"the weights need {_gb(needed)}, {where}: little room for logs and caches")
-    return _ok("disk", f"the weights need {_gb(needed)}, {where}")
+        return _warn("disk", f"{what}, {where}: little room for logs and caches")
+    return _ok("disk", f"{what}, {where}")
 
 
 def check_hf_token(models: list[ModelRef]) -> CheckResult:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HTTPError, LocalEntryNotFoundError
+from huggingface_hub.file_download import repo_folder_name
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -37,6 +38,14 @@ def model_location(path: str) -> ModelLocation:
 def hub_cache_dir() -> Path:
     """Where huggingface_hub keeps downloads (HF_HUB_CACHE, HF_HOME/hub, or ~/.cache/huggingface/hub)."""
     return Path(constants.HF_HUB_CACHE)
+
+
+def cached_bytes(repo_id: str, cache_dir: Path) -> int:
+    """Bytes of `repo_id` already downloaded into the Hub cache (finished files only)."""
+    blobs = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+    if not blobs.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in blobs.iterdir() if f.is_file() and f.suffix != ".incomplete")
 
 
 def validate_checkpoint_dir(directory: Path) -> Path:
