@@ -66,9 +66,14 @@ class Generation:
             self.finished_at = time.perf_counter()
         return added
 
-    def abort(self, message: str) -> None:
-        """End without a natural finish (the server stopped the job): SGLang's abort reason."""
-        self.finish_reason = {"type": "abort", "message": message, "status_code": 503, "err_type": None}
+    def abort(self, message: str, status_code: int) -> None:
+        """End without a natural finish (client gone, shutdown, engine error): SGLang's abort reason."""
+        self.finish_reason = {
+            "type": "abort",
+            "message": message,
+            "status_code": status_code,
+            "err_type": None,
+        }
         self.finished_at = time.perf_counter()
         self._settle_text()
 

@@ -57,8 +57,13 @@ class RequestParams:
     skip_special_tokens: bool = True
 
 
-def parse_sampling_params(raw: Any, limits: ModelLimits, default_max_new_tokens: int = 128) -> RequestParams:
-    """Validate a native `sampling_params` object (SGLang defaults: temperature 1.0, max_new_tokens 128)."""
+def parse_sampling_params(
+    raw: Any, limits: ModelLimits, default_max_new_tokens: int = 128, max_tokens_field: str = "max_new_tokens"
+) -> RequestParams:
+    """Validate a native `sampling_params` object (SGLang defaults: temperature 1.0, max_new_tokens 128).
+
+    `max_tokens_field` is the name the client used for the output length, so that errors speak its language.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -86,12 +91,14 @@ def parse_sampling_params(raw: Any, limits: ModelLimits, default_max_new_tokens:
     top_k = _int(raw, "top_k", -1)
     seed = _int(raw, "sampling_seed", None)
     if max_new_tokens < 1:
-        raise ApiError(f"max_new_tokens must be at least 1, got {max_new_tokens}.", param="max_new_tokens")
+        raise ApiError(
+            f"{max_tokens_field} must be at least 1, got {max_new_tokens}.", param=max_tokens_field
+        )
     if max_new_tokens >= limits.max_context:
         raise ApiError(
-            f"max_new_tokens={max_new_tokens} does not fit the model's context length of "
+            f"{max_tokens_field}={max_new_tokens} does not fit the model's context length of "
             f"{limits.max_context} tokens; ask for fewer.",
-            param="max_new_tokens",
+            param=max_tokens_field,
         )
     if top_k == 0 or top_k < -1:
         raise ApiError(f"top_k must be -1 (disable) or at least 1, got {top_k}.", param="top_k")

@@ -61,7 +61,7 @@ async def health_generate(request: Request) -> Response:
 async def model_info(request: Request) -> dict[str, Any]:
     service = service_of(request)
     engine = service.engine
-    hf_config = engine.decoder.target.config
+    target_config = engine.decoder.target.config
     return {
         "model_path": str(engine.target_path),
         "served_model_name": service.model_name,
@@ -71,8 +71,8 @@ async def model_info(request: Request) -> dict[str, Any]:
         "weight_version": "default",
         "has_image_understanding": False,
         "has_audio_understanding": False,
-        "model_type": getattr(hf_config, "model_type", None),
-        "architectures": getattr(hf_config, "architectures", None),
+        "model_type": target_config.raw.get("model_type"),
+        "architectures": [target_config.architecture],
     }
 
 

@@ -57,7 +57,9 @@ async def completions(request: Request) -> Response:
     if req.echo or req.suffix:
         raise ApiError("echo and suffix are not supported by the reference engine.", param="echo")
     prompts = _completion_prompts(req, service)
-    params = parse_sampling_params(req.sampling_params(req.max_tokens), service.limits)
+    params = parse_sampling_params(
+        req.sampling_params(req.max_tokens), service.limits, max_tokens_field="max_tokens"
+    )
     gens = [service.new_generation(ids, params, "prompt") for ids in prompts]
     return await _respond(request, service, req, gens, "text_completion", "cmpl-", _completion_choice)
 
@@ -75,7 +77,10 @@ async def chat_completions(request: Request) -> Response:
     max_new_tokens = req.max_output_tokens()
     if max_new_tokens is None:  # SGLang's default: whatever room the context leaves
         max_new_tokens = max(service.limits.max_context - len(prompt_ids), 1)
-    params = parse_sampling_params(req.sampling_params(max_new_tokens), service.limits)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    params = parse_sampling_params(
+        req.sampling_params(max_new_tokens), service.limits, max_tokens_field=field
+    )
     gen = service.new_generation(prompt_ids, params, "messages")
     return await _respond(request, service, req, [gen], "chat.completion", "chatcmpl-", _chat_choice)
 

@@ -87,8 +87,9 @@ class EngineService:
             while not gen.finished:
                 item = await self._next(job, request)
                 if item is None:
-                    gen.abort("The server stopped this request while shutting down.")
+                    gen.abort("The server stopped this request while shutting down.", 503)
                 elif isinstance(item, JobFailed):
+                    gen.abort(str(item), 500)
                     raise EngineFailed(str(item))
                 else:
                     added = gen.advance(item)
@@ -97,13 +98,16 @@ class EngineService:
                     yield added
         finally:
             job.cancel()
-            if gen.finished:
-                self.stats.record(gen)
+            if not gen.finished:  # the consumer left early: the client disconnected
+                gen.abort("The client disconnected before the generation finished.", 499)
+            self.stats.record(gen)
 
     async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:
-        """Run `job` to its end (non-streaming)."""
+        """Run `job` to its end (non-streaming); an abort becomes an error answer with its status, as in SGLang."""
         async for _ in self.follow(gen, job, request):
             pass
+        if gen.finish_reason is not None and gen.finish_reason["type"] == "abort":
+            raise ApiError(gen.finish_reason["message"], gen.finish_reason["status_code"])
         return gen
 
     async def _next(self, job: Job, request: Request | None):

@@ -1,0 +1,57 @@
+"""Running the reference server on a loopback port inside the test process, and reading its SSE streams."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from specdeploy.engine.runtime import load_engine
+from specdeploy.server.app import create_app
+from specdeploy.server.service import ServerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_server(
+    pair: tuple[Path, Path], mode: str, budget: int | None = None, **config: Any
+) -> Iterator[str]:
+    """Serve a fresh engine over the pair in a thread (uvicorn, real sockets); yields the base URL."""
+    target, draft = pair
+    engine = load_engine(str(target), None if mode == "ar" else str(draft), mode, budget)
+    app = create_app(engine, ServerConfig(**config))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The JSON payloads of an SSE body, checking that it ends with `data: [DONE]`."""
+    chunks = [c for c in response.text.split("\n\n") if c.strip()]
+    assert chunks[-1] == "data: [DONE]", chunks[-1]
+    assert all(c.startswith("data: ") for c in chunks)
+    return [json.loads(c[len("data: ") :]) for c in chunks[:-1]]
