@@ -1,5 +1,6 @@
 import json
 import socket
+from pathlib import Path
 
 import pytest
 from deploy_helpers import fake_server_plan, free_port
@@ -21,7 +22,10 @@ def test_up_status_down(tmp_path):
     runs = tmp_path / "runs"
     deployment = deploy_up(plan, "local", runs_root=runs, health_timeout_s=30)
     try:
-        assert deployment.run_dir.parent == runs and deployment.run_dir.name.endswith("-kimi-k2.6-dflash")
+        assert deployment.run_dir.parent == runs.resolve() and deployment.run_dir.name.endswith(
+            "-kimi-k2.6-dflash"
+        )
+        assert Path(deployment.handle.log_path).is_absolute()
         assert find_run_dir(None, runs) == deployment.run_dir.resolve()
         manifest = json.loads((deployment.run_dir / "manifest.json").read_text())
         assert manifest["schema"] == 1

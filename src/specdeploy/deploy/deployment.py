@@ -114,7 +114,8 @@ def deploy_up(
 ) -> Deployment:
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure."""
     console = console or Console(stderr=True)
-    run_dir = run_dir or default_run_dir(plan, runs_root)
+    # Absolute, so that the recorded log path works from any directory a later command runs in.
+    run_dir = (run_dir or default_run_dir(plan, runs_root)).resolve()
     if (run_dir / STATE_FILE).is_file() and read_state(run_dir).state in ("starting", "running"):
         # Overwriting the state file would lose the only handle on a server that may still hold the GPUs.
         raise SpecdeployError(
