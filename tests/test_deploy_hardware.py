@@ -158,6 +158,7 @@ def test_auto_describes_an_unknown_machine():
     four = hardware.model_copy(update={"gpus": hardware.gpus[:4]})
     profile = profile_for(four, list_hardware())
     assert profile.name == "detected-nvidia-b200-x4"
+    assert profile.description == "4x NVIDIA B200 (192 GB each, sm_100), NVLink, as detected"
     assert (profile.gpu_count, profile.memory_mib, profile.compute_capability, profile.interconnect) == (
         4,
         183359,

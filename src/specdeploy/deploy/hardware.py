@@ -25,6 +25,7 @@ NVIDIA_SMI_QUERY = [
 NVIDIA_SMI_TOPOLOGY = ["nvidia-smi", "topo", "-m"]
 NVIDIA_SMI_MEMORY_USED = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
 
+_INTERCONNECT_WORDS = {"nvlink": ", NVLink", "pcie": ", PCIe only: no NVLink", "none": ""}
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -212,8 +213,8 @@ def profile_for(hardware: DetectedHardware, shipped: list[HardwareProfile]) -> H
     return HardwareProfile(
         name=f"detected-{slug}-x{hardware.gpu_count}",
         description=(
-            f"detected on this machine: {hardware.gpu_count}x {hardware.gpu_model} ({memory_mib} MiB, "
-            f"{hardware.sm}), {hardware.interconnect}"
+            f"{hardware.gpu_count}x {hardware.gpu_model} ({memory_mib * 2**20 / 1e9:.0f} GB each, {hardware.sm})"
+            f"{_INTERCONNECT_WORDS[hardware.interconnect]}, as detected"
         ),
         engine="sglang",
         gpu_model=hardware.gpu_model,
