@@ -113,10 +113,6 @@ class LaunchPlan(_Frozen):
         return self.argv[len(self.launcher_prefix) :]
 
     @property
-    def target(self) -> ModelRef:
-        return next(m for m in self.models if m.role == "target")
-
-    @property
     def drafter(self) -> ModelRef | None:
         return next((m for m in self.models if m.role == "drafter"), None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import get_args
 
 from specdeploy.errors import SpecdeployError
@@ -16,6 +17,7 @@ from specdeploy.plan.engines import (
 )
 from specdeploy.plan.launch_plan import (
     REFERENCE_LAUNCH,
+    SGLANG_LAUNCH,
     GpuRequirement,
     LaunchPlan,
     MemoryTable,
@@ -97,7 +99,7 @@ def make_plan(
             DEFAULT_HOST,
             port,
         )
-        argv = [*sglang_args.LAUNCH, *args.argv]
+        argv = [*SGLANG_LAUNCH, *args.argv]
         env = sglang_args.environment(hardware, tp_size)
         reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
         engine = sglang_ddtree_build() if mode == "ddtree" else sglang_release()
@@ -186,7 +188,14 @@ def _check_limits(recipe: Recipe, context: int, running: int, port: int) -> None
         raise SpecdeployError(f"port {port} is outside 1..65535")
 
 
-def _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload) -> tuple[int, MemoryTable, Reason]:
+def _choose_tp(
+    recipe: Recipe,
+    hardware: HardwareProfile,
+    drafter: ModelFacts | None,
+    total_gpus: int,
+    tp: int | None,
+    workload: Callable[[int], Workload],
+) -> tuple[int, MemoryTable, Reason]:
     if recipe.engine == "reference":
         if tp not in (None, 1):
             raise SpecdeployError("the reference engine runs on one device: drop --tp (or use --tp 1)")
@@ -290,7 +299,9 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
     ]
 
 
-def _reference_argv(recipe, mode, budget, drafter, port) -> list[str]:
+def _reference_argv(
+    recipe: Recipe, mode: str, budget: int | None, drafter: ModelFacts | None, port: int
+) -> list[str]:
     """`specdeploy serve` has no concurrency or context flags: the limits only size the memory table."""
     argv = [*REFERENCE_LAUNCH, "--target", recipe.target.path, "--mode", mode]
     if drafter is not None:
@@ -300,7 +311,9 @@ def _reference_argv(recipe, mode, budget, drafter, port) -> list[str]:
     return [*argv, "--host", DEFAULT_HOST, "--port", str(port)]
 
 
-def _summary(recipe, hardware, mode, budget, tp, nnodes) -> str:
+def _summary(
+    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: int | None, tp: int, nnodes: int
+) -> str:
     how = {
         "ar": "plain autoregressive decoding (the baseline)",
         "dflash": f"DFlash block drafting ({recipe.dflash.block_size} tokens per block, {recipe.dflash.path})",

@@ -51,7 +51,7 @@ def kv_bytes_per_gpu(model: ModelFacts, tp: int) -> int:
     return model.kv_bytes_per_token * heads_per_gpu // model.kv_heads
 
 
-def _reserves(target: TargetFacts, hardware: HardwareProfile, work: Workload) -> tuple[int, int]:
+def _reserves(target: TargetFacts, work: Workload) -> tuple[int, int]:
     """(CUDA-graph reserve, runtime and activation reserve) per GPU."""
     if work.cuda_graph_max_bs is None:
         return 0, REFERENCE_RUNTIME_BYTES
@@ -73,7 +73,7 @@ def budget_memory(
     reference = work.cuda_graph_max_bs is None
     factor = REFERENCE_DTYPE_FACTOR if reference else 1
     gpu = hardware.memory_bytes
-    graphs, activations = _reserves(target, hardware, work)
+    graphs, activations = _reserves(target, work)
     if reference:
         fraction = None
         usable = gpu - activations

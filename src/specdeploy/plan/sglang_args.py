@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from specdeploy.plan.backends import AttentionChoice
 from specdeploy.plan.engines import DDTREE_ALGORITHM, DDTREE_PR
-from specdeploy.plan.launch_plan import SGLANG_LAUNCH, MemoryTable, Reason
+from specdeploy.plan.launch_plan import MemoryTable, Reason
 from specdeploy.plan.memory import gib
 from specdeploy.recipes.schema import (
     DFlashDrafterFacts,
@@ -16,7 +16,6 @@ from specdeploy.recipes.schema import (
     Recipe,
 )
 
-LAUNCH = SGLANG_LAUNCH
 PCIE_IPC_ALLREDUCE = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 # SGLang disables its custom all-reduce on PCIe boxes with more than two GPUs; the IPC one covers TP 4 and 8.
 PCIE_IPC_MIN_TP = 4
