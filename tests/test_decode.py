@@ -1,0 +1,217 @@
+"""The decoding loops: greedy equality across modes and with transformers, long accepted paths, lossless sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_helpers import write_pair
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM
+
+from specdeploy.engine import decode as decode_module
+from specdeploy.engine.decode import Decoder, SamplingParams
+from specdeploy.engine.drafter import load_drafter
+from specdeploy.engine.loading import load_target
+from specdeploy.engine.sampling import sampling_probs
+from specdeploy.engine.tree import DraftTree
+from specdeploy.errors import SpecdeployError
+
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    return {family: write_pair(root, family) for family in FAMILIES}
+
+
+def loaded(pair):
+    target_dir, draft_dir = pair
+    return load_target(target_dir), load_drafter(draft_dir)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_mode_equals_ar_and_transformers_greedy(pairs, family):
+    target, drafter = loaded(pairs[family])
+    prompt = [3, 17, 9, 41, 5, 22, 8]
+    params = SamplingParams(max_new_tokens=40)
+    ar = Decoder(target, mode="ar").generate(prompt, params)
+    hf = AutoModelForCausalLM.from_pretrained(pairs[family][0]).eval()
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt) :]
+    assert ar.token_ids == expected.tolist()
+    assert ar.accept_lengths == [1] * ar.num_steps
+    for mode, budget in [("dflash", None), ("ddtree", 1), ("ddtree", 5), ("ddtree", 40)]:
+        result = Decoder(target, drafter, mode, budget).generate(prompt, params)
+        assert result.token_ids == ar.token_ids, (mode, budget)
+        assert sum(result.accept_lengths) + 1 == len(result.token_ids)
+        limit = drafter.block_size if mode == "dflash" else budget + 1
+        assert all(v == limit for v in result.verified_lengths)
+
+
+class PathOracleDecoder(Decoder):
+    """Replaces each draft with a tree holding the true greedy continuation among decoys.
+
+    The real drafter still runs (so its cache and context bookkeeping are exercised); its cache must always
+    hold exactly the committed prefix.
+    """
+
+    def __init__(self, *args, truth: list[int], prompt_len: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.truth, self.prompt_len = truth, prompt_len
+
+    def _draft(self, root, prefix, context, draft_cache):
+        super()._draft(root, prefix, context, draft_cache)
+        assert draft_cache.length == prefix
+        done = prefix - self.prompt_len + 1  # tokens committed so far, the root included
+        path = self.truth[done : done + 6]
+        tokens, parents, depths = [], [], []
+        parent = 0
+        for depth, token in enumerate(path, start=1):
+            decoy = (token + 1) % 64
+            tokens += [decoy, token]  # the decoy first, so the true child is not simply node parent+1
+            parents += [parent, parent]
+            depths += [depth, depth]
+            tokens.append((token + 2) % 64)  # a dead-end grandchild under the decoy
+            parents.append(len(tokens) - 2)
+            depths.append(depth + 1)
+            parent = len(tokens) - 1  # the true token's node
+        return DraftTree(tokens, parents, depths)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_long_accepted_paths_are_compacted_correctly(pairs, family):
+    target, drafter = loaded(pairs[family])
+    prompt = [7, 1, 30, 2]
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    truth = Decoder(target, mode="ar").generate(prompt, params).token_ids
+    oracle = PathOracleDecoder(target, drafter, "ddtree", 64, truth=truth, prompt_len=len(prompt))
+    result = oracle.generate(prompt, params)
+    assert result.token_ids == truth
+    # six true tokens drafted per step plus the bonus; only the last step is cut by max_new_tokens
+    assert result.accept_lengths[:-1] == [7] * (result.num_steps - 1)
+
+
+def exact_three_token_distribution(target, prompt, params):
+    """P(t1, t2, t3 | prompt) from the target alone, over every sequence of the (tiny) vocabulary."""
+    vocab = target.config.vocab_size
+
+    def probs(prefix):
+        logits = target(torch.tensor([prefix]), torch.arange(len(prefix))[None]).logits[0, -1]
+        return sampling_probs(logits, params)
+
+    table = {}
+    with torch.inference_mode():
+        p1 = probs(prompt)
+        for t1 in torch.nonzero(p1).flatten().tolist():
+            p2 = probs(prompt + [t1])
+            for t2 in torch.nonzero(p2).flatten().tolist():
+                p3 = probs(prompt + [t1, t2])
+                for t3 in torch.nonzero(p3).flatten().tolist():
+                    table[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    assert abs(sum(table.values()) - 1) < 1e-4 and len(table) <= vocab**3
+    return table
+
+
+def sample_counts(decoder, prompt, params, runs):
+    counts = {}
+    for seed in range(runs):
+        tokens = tuple(
+            decoder.generate(prompt, SamplingParams(**{**params.__dict__, "seed": seed})).token_ids
+        )
+        counts[tokens] = counts.get(tokens, 0) + 1
+    return counts
+
+
+def chi_square_p(counts, table, runs):
+    """Goodness of fit, with cells of small expectation pooled so the chi-square approximation holds."""
+    assert set(counts) <= set(table), "sampled a sequence the target gives zero probability"
+    observed, expected, pool_o, pool_e = [], [], 0, 0.0
+    for key, p in table.items():
+        if p * runs >= 5:
+            observed.append(counts.get(key, 0))
+            expected.append(p * runs)
+        else:
+            pool_o, pool_e = pool_o + counts.get(key, 0), pool_e + p * runs
+    if pool_e > 0:
+        observed.append(pool_o)
+        expected.append(pool_e)
+    total = sum(expected)
+    return chisquare(observed, [e * runs / total for e in expected]).pvalue
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    target_dir, draft_dir = write_pair(
+        tmp_path_factory.mktemp("small"), "qwen3", vocab=6, block_size=4, logit_scale=3.0
+    )
+    return load_target(target_dir), load_drafter(draft_dir)
+
+
+RUNS = 1000
+SAMPLING = [
+    SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True),
+    SamplingParams(temperature=0.7, top_k=3, top_p=0.9, max_new_tokens=3, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize(
+    "mode,budget,params",
+    [("dflash", None, SAMPLING[0]), ("ddtree", 8, SAMPLING[0]), ("ddtree", 8, SAMPLING[1])],
+    ids=["dflash-t1", "ddtree-t1", "ddtree-t0.7-topk3-topp0.9"],
+)
+def test_sampling_is_lossless(small_vocab_pair, mode, budget, params):
+    target, drafter = small_vocab_pair
+    prompt = [1, 2, 3]
+    decoder = Decoder(target, drafter, mode, budget)
+    counts = sample_counts(decoder, prompt, params, RUNS)
+    table = exact_three_token_distribution(target, prompt, params)
+    assert chi_square_p(counts, table, RUNS) > 1e-3
+    # the draft really was used: some steps committed more than the bonus token
+    assert any(n > 1 for n in decoder.generate(prompt, params).accept_lengths) or mode == "dflash"
+
+
+def test_the_chi_square_test_catches_a_lossy_acceptance_rule(small_vocab_pair, monkeypatch):
+    """A rule that always walks into the drafted child (no target check) must fail the same test."""
+    target, drafter = small_vocab_pair
+
+    def accept_the_draft(tree, target_token_at):
+        kids = tree.children()
+        path = [0]
+        while kids[path[-1]]:
+            path.append(next(iter(kids[path[-1]].values())))
+        return path, target_token_at(path[-1])
+
+    monkeypatch.setattr(decode_module, "accept_path", accept_the_draft)
+    params = SAMPLING[0]
+    counts = sample_counts(Decoder(target, drafter, "ddtree", 8), [1, 2, 3], params, 600)
+    table = exact_three_token_distribution(target, [1, 2, 3], params)
+    with pytest.raises(AssertionError):
+        assert chi_square_p(counts, table, 600) > 1e-3
+
+
+def test_stop_tokens_and_length_limits(pairs):
+    target, drafter = loaded(pairs["qwen3"])
+    prompt = [3, 4, 5]
+    free = Decoder(target, drafter, "ddtree", 8).generate(
+        prompt, SamplingParams(max_new_tokens=12, ignore_eos=True)
+    )
+    assert len(free.token_ids) == 12 and free.finish_reason == "length"
+    stop = free.token_ids[5]
+    first = free.token_ids.index(stop)
+    stopped = Decoder(target, drafter, "dflash").generate(
+        prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop,))
+    )
+    assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
+
+
+def test_decoder_rejects_bad_configurations(pairs):
+    target, drafter = loaded(pairs["qwen3"])
+    with pytest.raises(SpecdeployError, match="drafter"):
+        Decoder(target, None, "dflash")
+    with pytest.raises(SpecdeployError, match="budget"):
+        Decoder(target, drafter, "ddtree", 0)
+    with pytest.raises(SpecdeployError, match="mode"):
+        Decoder(target, drafter, "eagle")
+    with pytest.raises(SpecdeployError, match="top_p"):
+        SamplingParams(top_p=0)
