@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+# Test models are tiny: one thread per process beats several fighting over CI's two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
