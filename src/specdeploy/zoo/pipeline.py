@@ -60,7 +60,7 @@ class TrainSettings:
     draft_lr: float = 2e-3
     blocks_per_sequence: int = 16
     checkpoint_every: int = 500
-    archive_part_mb: int = 15
+    archive_part_bytes: int = 15 << 20
 
 
 def prepare_data(
@@ -152,7 +152,7 @@ def train_pair(
     def save_log_and_archive() -> None:
         (pair_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
         if archive_dir is not None:
-            archive_pair(pair_dir, archive_dir, settings.archive_part_mb << 20)
+            archive_pair(pair_dir, archive_dir, settings.archive_part_bytes)
 
     cfg = target_config(spec, eos, settings.scale)
     cfg.vocab_size = len(tokenizer)

@@ -25,7 +25,8 @@ class TrainBudget:
         return self.progress(step) >= 1.0
 
     def learning_rate(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.peak_lr * (step + 1) / self.warmup_steps
+        warmup = min(self.warmup_steps, self.max_steps // 10)  # short runs warm up for a tenth of their steps
+        if step < warmup:
+            return self.peak_lr * (step + 1) / warmup
         cosine = 0.5 * (1 + math.cos(math.pi * self.progress(step)))
         return self.peak_lr * (self.final_lr_fraction + (1 - self.final_lr_fraction) * cosine)

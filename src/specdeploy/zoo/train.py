@@ -57,7 +57,7 @@ def train_command(
         draft_seconds=draft_seconds,
         draft_batch=draft_batch,
         checkpoint_every=checkpoint_every,
-        archive_part_mb=archive_part_mb,
+        archive_part_bytes=archive_part_mb << 20,
     )
     train_zoo(out, pairs, settings, corpus or None, parallel, archive_dir)
 
