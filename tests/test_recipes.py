@@ -93,3 +93,29 @@ def test_gpu_profile_without_compute_capability_is_rejected(tmp_path):
     )
     with pytest.raises(SpecdeployError, match="go together"):
         load_hardware(str(path))
+
+
+def _kv_bytes_per_token(config) -> int:
+    """bf16 KV bytes per token of a transformers config, the way the recipes count them."""
+    if config.model_type == "deepseek_v3":  # MLA caches one latent plus the rope key per layer
+        return config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim) * 2
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    attention_layers = sum(kind == "full_attention" for kind in layer_types)
+    return attention_layers * 2 * config.num_key_value_heads * config.head_dim * 2
+
+
+@pytest.mark.parametrize("name", ["tiny-code", "tiny-mla", "tiny-hybrid"])
+def test_zoo_recipes_match_the_zoo_specs(name):
+    from specdeploy.zoo.specs import PAIRS as ZOO_PAIRS
+    from specdeploy.zoo.specs import target_config
+
+    recipe, spec = load_recipe(name), ZOO_PAIRS[name]
+    config = target_config(spec, eos_token_id=0)
+    assert (recipe.target.layers, recipe.target.hidden) == (config.num_hidden_layers, config.hidden_size)
+    assert recipe.target.kv_bytes_per_token == _kv_bytes_per_token(config)
+    assert recipe.dflash.block_size == spec.block_size
+    assert (recipe.dflash.layers, recipe.dflash.kv_heads) == (spec.draft_layers, spec.draft_kv_heads)
+    assert (
+        recipe.dflash.kv_bytes_per_token
+        == spec.draft_layers * 2 * spec.draft_kv_heads * spec.draft_head_dim * 2
+    )
