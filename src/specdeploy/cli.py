@@ -7,6 +7,7 @@ import sys
 import typer
 
 from specdeploy.bench import commands as bench_commands
+from specdeploy.campaign import commands as campaign_commands
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.engine import generate_command
 from specdeploy.errors import SpecdeployError
@@ -43,6 +44,7 @@ deploy_commands.register(app)  # up, down, status, logs
 plan_commands.register(app)  # plan, recipes
 app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
+app.command("campaign")(campaign_commands.campaign)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,115 @@
+"""`specdeploy campaign FILE.toml`: option parsing and presentation only."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from specdeploy.campaign.matrix import ServerConfig, bench_runs, server_configs
+from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
+from specdeploy.campaign.spec import CampaignSpec, load_campaign
+from specdeploy.campaign.state import CampaignState
+from specdeploy.errors import SpecdeployError
+
+
+def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path) -> Tree:
+    """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
+    total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
+    tree = Tree(f"campaign {spec.name}: {len(servers)} server starts, {total} cells -> {out}")
+    for index, server in enumerate(servers, 1):
+        branch = tree.add(f"{index}. start {server.id}: {server.plan.summary}")
+        for run in bench_runs(spec, server, out):
+            cells = run.cells()
+            done = len(cells) - len(run.missing_cells())
+            loads = dict.fromkeys(
+                f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g}req/s"
+                for key in cells
+            )
+            baseline = f", paired with {run.config.baseline_run}" if run.config.baseline_run else ""
+            branch.add(
+                f"{run.dataset}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
+                f"-> {run.path}{baseline}"
+            )
+        branch.add("stop")
+    return tree
+
+
+def state_table(state: CampaignState) -> Table:
+    table = Table(title=f"campaign {state.name}")
+    for column in ("server", "status", "starts", "deaths", "failed cells", "error"):
+        table.add_column(column)
+    for server_id, server in state.servers.items():
+        table.add_row(
+            server_id,
+            server.status,
+            str(len(server.starts)),
+            str(len(server.deaths)),
+            ", ".join(server.failed_cells) or "-",
+            server.error or "-",
+        )
+    return table
+
+
+def campaign(
+    file: Annotated[Path, typer.Argument(help="Campaign TOML (see examples/).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Campaign directory (default runs/campaign-<name>-<UTC time>).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the campaign in --out: only missing cells run.")
+    ] = False,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="With --resume: also rerun configurations that failed.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the ordered server starts and cells; start nothing.")
+    ] = False,
+) -> None:
+    """Run a benchmark matrix: each server configuration starts once, AR first; resumable."""
+    spec = load_campaign(file)
+    if resume and out is None:
+        raise SpecdeployError("--resume needs --out: the campaign directory to continue")
+    if retry_failed and not resume:
+        raise SpecdeployError("--retry-failed goes with --resume")
+    out = out or Path("runs") / f"campaign-{spec.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    console = Console()
+    servers = server_configs(spec)
+    if dry_run:
+        console.print(plan_tree(spec, servers, out))
+        return
+    control = DeployControl(
+        default_launcher(spec, servers[0].plan),
+        spec.health_timeout_s,
+        spec.smoke,
+        out / "servers",
+        Console(stderr=True),
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(cell: str, done: int, planned: int | None) -> None:
+            if cell not in tasks:
+                tasks[cell] = bar.add_task(cell, total=planned)
+            bar.update(tasks[cell], completed=done)
+
+        state = run_campaign(
+            spec, out, control, resume=resume, retry_failed=retry_failed, log=console.print, progress=progress
+        )
+    console.print(state_table(state))
+    failed = [
+        server_id for server_id, server in state.servers.items() if server.status in ("failed", "blocked")
+    ]
+    if failed:
+        raise SpecdeployError(
+            f"{len(failed)} server configuration(s) did not finish ({', '.join(failed)}); see {out}/state.json, "
+            f"then `specdeploy campaign {file} --out {out} --resume --retry-failed`"
+        )
+    console.print(f"results in {out}; `specdeploy report {out}` summarises them")
