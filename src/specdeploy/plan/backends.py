@@ -9,6 +9,8 @@ from specdeploy.plan.engines import DDTREE_PR, DDTREE_TREE_BACKENDS
 from specdeploy.plan.launch_plan import Mode, Reason
 from specdeploy.recipes.schema import HardwareProfile, Recipe
 
+NON_CAUSAL = "the DFlash drafter attends non-causally within its block"
+
 
 @dataclass(frozen=True)
 class AttentionChoice:
@@ -17,31 +19,40 @@ class AttentionChoice:
     reasons: list[Reason]
 
 
-def _architecture_default(recipe: Recipe, hardware: HardwareProfile) -> tuple[str, str, str]:
-    """(target backend, DFlash draft backend, why) for this GPU generation."""
+@dataclass(frozen=True)
+class _Backends:
+    target: str
+    target_why: str
+    draft: str
+    draft_why: str
+
+
+def _architecture_default(recipe: Recipe, hardware: HardwareProfile) -> _Backends:
     major = hardware.sm_major
-    mla = recipe.target.attention == "mla"
     if major == 12:
-        return (
-            "triton",
-            "triton",
-            f"{hardware.sm} (RTX PRO 6000 class): SGLang's default and the only backend covering MLA, "
-            "GQA and the drafter's non-causal attention here; trtllm/fa3/fa4 kernels target sm_90/sm_100",
+        return _Backends(
+            target="triton",
+            target_why=f"{hardware.sm} (RTX PRO 6000 class): SGLang's default here and the one backend covering "
+            "MLA, GQA and hybrid models; the trtllm, fa3 and fa4 kernels target sm_90/sm_100",
+            draft="triton",
+            draft_why=f"{NON_CAUSAL}; triton does that on {hardware.sm}",
         )
     if major == 10:
-        target = "trtllm_mla" if mla else "trtllm_mha"
-        return (
-            target,
-            "fa4",
-            f"{hardware.sm} (Blackwell datacenter): {target} is SGLang's fastest "
-            f"{'MLA' if mla else 'attention'} kernel here; the DFlash drafter attends non-causally within "
-            "its block, which trtllm kernels cannot do, so it runs on fa4 as the z-lab model card recommends",
+        target = "trtllm_mla" if recipe.target.attention == "mla" else "trtllm_mha"
+        return _Backends(
+            target=target,
+            target_why=f"{hardware.sm} (Blackwell datacenter): SGLang's default and fastest "
+            f"{'MLA' if target == 'trtllm_mla' else 'attention'} kernel here",
+            draft="fa4",
+            draft_why=f"{NON_CAUSAL}, which the trtllm kernels cannot do; fa4 can, as z-lab's Kimi drafter card "
+            "recommends",
         )
     if major == 9:
-        return (
-            "fa3",
-            "fa3",
-            f"{hardware.sm} (Hopper): FlashAttention 3 is SGLang's default for MLA and GQA here",
+        return _Backends(
+            target="fa3",
+            target_why=f"{hardware.sm} (Hopper): FlashAttention 3 is SGLang's default for MLA and GQA here",
+            draft="fa3",
+            draft_why=f"{NON_CAUSAL}; fa3 does that on {hardware.sm}",
         )
     raise SpecdeployError(
         f"no attention backend known for compute capability {hardware.compute_capability} "
@@ -57,8 +68,8 @@ def choose_attention(
     override: str | None = None,
 ) -> AttentionChoice:
     """`full_tree`: a DDTree budget above block_size - 1, whose verify step needs a tree mask."""
-    target, draft, why = _architecture_default(recipe, hardware)
-    reasons: list[Reason] = []
+    chosen = _architecture_default(recipe, hardware)
+    target, target_why, draft, draft_why = chosen.target, chosen.target_why, chosen.draft, chosen.draft_why
     if full_tree:
         if override is not None and override not in DDTREE_TREE_BACKENDS:
             raise SpecdeployError(
@@ -67,25 +78,15 @@ def choose_attention(
                 f"--attention-backend, or use a budget <= {recipe.dflash.block_size - 1} (a chain, like DFlash)"
             )
         target = draft = DDTREE_TREE_BACKENDS[0]
-        why = (
+        target_why = (
             f"DDTree's branching tree needs a tree attention mask; SGLang PR #{DDTREE_PR} supports it on "
             f"the {target} backend only (prefill and decode)"
         )
+        draft_why = f"{NON_CAUSAL}; {draft} does that, and the DDTree build pairs it with a {target} target"
     elif override is not None:
-        target = override
-        why = "chosen with --attention-backend"
-    reasons.append(Reason(choice=f"--attention-backend {target}", why=why))
-    if mode in ("dflash", "ddtree"):
-        reasons.append(
-            Reason(
-                choice=f"--speculative-draft-attention-backend {draft}",
-                why="the DFlash drafter's block attends non-causally; "
-                + (
-                    f"{draft} does that, and it is what the DDTree build picks next to a {target} target"
-                    if full_tree
-                    else f"{draft} supports that on {hardware.sm}"
-                ),
-            )
-        )
-        return AttentionChoice(target=target, draft=draft, reasons=reasons)
-    return AttentionChoice(target=target, draft=None, reasons=reasons)
+        target, target_why = override, "chosen with --attention-backend"
+    reasons = [Reason(choice=f"--attention-backend {target}", why=target_why)]
+    if mode not in ("dflash", "ddtree"):
+        return AttentionChoice(target=target, draft=None, reasons=reasons)
+    reasons.append(Reason(choice=f"--speculative-draft-attention-backend {draft}", why=draft_why))
+    return AttentionChoice(target=target, draft=draft, reasons=reasons)
