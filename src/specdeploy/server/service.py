@@ -19,6 +19,7 @@ from specdeploy.server.worker import EngineWorker, Job, JobFailed
 
 ENGINE_NAME = "specdeploy-reference"
 DISCONNECT_POLL_S = 0.25
+NO_STEP_YET = object()
 SPECULATIVE_ALGORITHMS = {
     "ar": None,
     "dflash": "DFLASH",
@@ -83,9 +84,17 @@ class EngineService:
         With `request`, the wait polls for a client disconnect (non-streaming routes); streaming routes pass
         None because Starlette cancels their body iterator when the client goes, which lands in `finally`.
         """
+        checked_at = time.monotonic()
         try:
             while not gen.finished:
-                item = await self._next(job, request)
+                item = await self._next(job)
+                # checked by the clock, not only when idle: steps can arrive faster than the poll period
+                if request is not None and time.monotonic() - checked_at >= DISCONNECT_POLL_S:
+                    checked_at = time.monotonic()
+                    if await request.is_disconnected():
+                        raise ClientGone()
+                if item is NO_STEP_YET:
+                    continue
                 if item is None:
                     gen.abort("The server stopped this request while shutting down.", 503)
                 elif isinstance(item, JobFailed):
@@ -110,13 +119,12 @@ class EngineService:
             raise ApiError(gen.finish_reason["message"], gen.finish_reason["status_code"])
         return gen
 
-    async def _next(self, job: Job, request: Request | None):
-        while True:
-            try:
-                return await asyncio.wait_for(job.steps.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    raise ClientGone() from None
+    async def _next(self, job: Job) -> Any:
+        """The job's next item, or NO_STEP_YET after a poll period without one."""
+        try:
+            return await asyncio.wait_for(job.steps.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            return NO_STEP_YET
 
     def engine_info(self) -> dict[str, Any]:
         """The engine's own identity: the one thing that tells this server apart from SGLang."""

@@ -1,0 +1,134 @@
+"""Many clients at once: FIFO service, no request dropped or mixed up, disconnects free the worker, queue limit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_harness import running_server, sse_events
+
+PROMPTS = [f"Prompt number {i}: tell me about {topic}" for i, topic in enumerate("abcdefgh")]
+MAX_NEW = 6
+ROUTES = ("generate", "generate-stream", "completions", "chat")
+
+
+def request_for(route: str, prompt: str, stream: bool) -> tuple[str, dict]:
+    sampling = {"temperature": 0, "ignore_eos": True}
+    if route.startswith("generate"):
+        body = {"text": prompt, "sampling_params": {**sampling, "max_new_tokens": MAX_NEW}, "stream": stream}
+        return "/generate", body
+    openai = {**sampling, "max_tokens": MAX_NEW, "stream": stream}
+    if route == "completions":
+        return "/v1/completions", {"prompt": prompt, **openai}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], **openai}
+
+
+def output_of(route: str, response: httpx.Response, stream: bool) -> str:
+    """The completion text a response carries, however it was delivered."""
+    assert response.status_code == 200, response.text
+    if not stream:
+        body = response.json()
+        if route.startswith("generate"):
+            return body["text"]
+        choice = body["choices"][0]
+        return choice["text"] if route == "completions" else choice["message"]["content"]
+    events = sse_events(response)
+    if route.startswith("generate"):
+        return events[-1]["text"]
+    if route == "completions":
+        return "".join(e["choices"][0]["text"] for e in events if e["choices"])
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+
+
+async def fire(url: str, jobs: list[tuple[str, str, bool]]) -> list[str]:
+    limits = httpx.Limits(max_connections=len(jobs))
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+
+        async def one(route: str, prompt: str, stream: bool) -> str:
+            path, body = request_for(route, prompt, stream)
+            return output_of(route, await client.post(path, json=body), stream)
+
+        return await asyncio.gather(*(one(*job) for job in jobs))
+
+
+@pytest.mark.parametrize(("mode", "budget"), [("ar", None), ("ddtree", 8)])
+def test_64_concurrent_requests_equal_their_single_outputs(
+    random_pair: tuple[Path, Path], mode, budget
+) -> None:
+    with running_server(random_pair, mode, budget) as url:
+        # one at a time first: the reference output of each prompt on the native and the chat route
+        singles = {}
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for prompt in PROMPTS:
+                for route in ("generate", "chat"):
+                    path, body = request_for(route, prompt, False)
+                    singles[route, prompt] = output_of(route, client.post(path, json=body), False)
+        jobs = [
+            (ROUTES[i % 4], PROMPTS[i % 8], i % 3 == 0 or ROUTES[i % 4] == "generate-stream")
+            for i in range(64)
+        ]
+        outputs = asyncio.run(fire(url, jobs))
+    for (route, prompt, stream), output in zip(jobs, outputs, strict=True):
+        expected = singles["chat" if route == "chat" else "generate", prompt]
+        assert output == expected, (route, prompt, stream)
+
+
+def server_state(client: httpx.Client) -> dict:
+    return client.get("/server_info").json()["internal_states"][0]
+
+
+def metric(client: httpx.Client, name: str) -> float:
+    text = client.get("/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_client_disconnect_mid_stream_frees_the_worker(random_pair: tuple[Path, Path]) -> None:
+    long = {"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}}
+    with running_server(random_pair, "ar") as url, httpx.Client(base_url=url, timeout=120) as client:
+        with client.stream("POST", "/generate", json={**long, "stream": True}) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert '"completion_tokens":1' in first
+        # the connection is closed now: the worker must stop that generation at its next step
+        deadline = time.monotonic() + 30
+        while server_state(client)["num_running_reqs"] != 0:
+            assert time.monotonic() < deadline, "the disconnected request kept the worker busy"
+            time.sleep(0.1)
+        assert metric(client, "sglang:num_aborted_requests_total") == 1
+        assert metric(client, "sglang:generation_tokens_total") < 2000
+        after = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3}})
+        assert after.status_code == 200 and after.json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_non_streaming_disconnect_frees_the_worker(random_pair: tuple[Path, Path]) -> None:
+    long = {"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}}
+    with running_server(random_pair, "ar") as url, httpx.Client(base_url=url, timeout=120) as client:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/generate", json=long, timeout=1.0)  # gives up, closing the connection
+        deadline = time.monotonic() + 30
+        while server_state(client)["num_running_reqs"] != 0:
+            assert time.monotonic() < deadline, "the abandoned request kept the worker busy"
+            time.sleep(0.1)
+        assert metric(client, "sglang:num_aborted_requests_total") == 1
+
+
+def test_full_queue_answers_503_and_admitted_requests_complete(random_pair: tuple[Path, Path]) -> None:
+    body = {"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}}
+
+    async def burst(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            return await asyncio.gather(*(client.post("/generate", json=body) for _ in range(6)))
+
+    with running_server(random_pair, "ar", max_queued_requests=2) as url:
+        responses = asyncio.run(burst(url))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(503) >= 1 and set(statuses) <= {200, 503}
+    for response in responses:
+        if response.status_code == 503:
+            error = response.json()
+            assert error["object"] == "error" and "queue is full" in error["message"]
+        else:
+            assert response.json()["meta_info"]["completion_tokens"] == 40
