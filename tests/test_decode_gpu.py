@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from decode_helpers import write_pair
+
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.drafter import load_drafter
 from specdeploy.engine.loading import load_target
