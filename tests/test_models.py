@@ -400,15 +400,24 @@ def test_bad_forward_arguments(checkpoints) -> None:
 # --------------------------------------------------------------------------------------------- GPU
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_bfloat16_on_cuda_agrees_with_transformers(checkpoints, variant: str) -> None:
-    reference, path = checkpoints[variant]
-    reference = copy.deepcopy(reference).to("cuda", torch.bfloat16)
-    model = load_target(path, device="cuda", dtype=torch.bfloat16)
-    ids = torch.cat([tokens(32, 12), tokens(32, 13)]).cuda()
+def assert_bfloat16_as_close_as_transformers(reference: PreTrainedModel, path: Path, device: str) -> None:
+    """bf16 rounding flips some routing and argmax decisions, so judge ours by transformers' own bf16 error."""
+    ids = torch.cat([tokens(32, 12), tokens(32, 13)]).to(device)
     with torch.no_grad():
-        ours = model(ids, positions(0, 32).cuda()).logits
-        theirs = reference(ids).logits.float()
+        exact = copy.deepcopy(reference).to(device)(ids).logits.float()
+        theirs = copy.deepcopy(reference).to(device, torch.bfloat16)(ids).logits.float()
+        ours = load_target(path, device=device, dtype=torch.bfloat16)(ids, positions(0, 32).to(device)).logits
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
-    assert (ours - theirs).abs().max() <= 0.1 * theirs.abs().max()
+    assert (ours - exact).abs().mean() <= 2 * (theirs - exact).abs().mean()
+
+
+@pytest.mark.parametrize("variant", ["qwen3-moe", "deepseek-v3-kimi"])
+def test_bfloat16_on_cpu(checkpoints, variant: str) -> None:
+    assert_bfloat16_as_close_as_transformers(*checkpoints[variant], "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bfloat16_on_cuda(checkpoints, variant: str) -> None:
+    assert_bfloat16_as_close_as_transformers(*checkpoints[variant], "cuda")
