@@ -375,6 +375,14 @@ def test_missing_tensor_and_missing_shard(checkpoints, tmp_path: Path) -> None:
         load_target(sharded)
 
 
+def test_softmax_scored_deepseek_is_refused(checkpoints, tmp_path: Path) -> None:
+    path = copy_checkpoint(
+        checkpoints["deepseek-v3-kimi"][1], tmp_path / "v2", lambda c: c.update(scoring_func="softmax")
+    )
+    with pytest.raises(SpecdeployError, match="scoring_func 'softmax' is not supported"):
+        load_target(path)
+
+
 def test_wrapper_with_unsupported_text_model(checkpoints, tmp_path: Path) -> None:
     def wrap(config: dict) -> None:
         text = dict(config, model_type="qwen3")

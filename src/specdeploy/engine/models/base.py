@@ -82,11 +82,7 @@ class TargetModel(nn.Module):
         """
         batch, new = input_ids.shape
         cached = cache.length if cache is not None else 0
-        if (
-            position_ids.shape[-1] != new
-            or position_ids.dim() != 2
-            or position_ids.shape[0] not in (1, batch)
-        ):
+        if position_ids.dim() != 2 or position_ids.shape[1] != new or position_ids.shape[0] not in (1, batch):
             raise SpecdeployError(
                 f"position_ids must be [{batch} or 1, {new}] like input_ids, got {list(position_ids.shape)}"
             )

@@ -29,6 +29,7 @@ from specdeploy.engine.models.layers import (
     rope_parameters,
     yarn_mscale,
 )
+from specdeploy.errors import SpecdeployError
 
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -160,6 +161,11 @@ class DeepseekV3ForCausalLM(TargetModel):
         super().__init__()
         raw = config.raw
         require_silu(raw)
+        scoring = config_value(raw, "scoring_func", "sigmoid")
+        if scoring != "sigmoid":
+            raise SpecdeployError(
+                f"scoring_func {scoring!r} is not supported: DeepSeek-V3 routing is sigmoid"
+            )
         rope = rope_parameters(raw)
         eps = config_value(raw, "rms_norm_eps", 1e-6)
         first_moe = config_value(raw, "first_k_dense_replace", 3)
