@@ -29,18 +29,21 @@ def sglang_release() -> EngineSpec:
 
 
 def sglang_ddtree_build() -> EngineSpec:
-    """The release image with the PR's Python package laid over it; the PR changes no CUDA code."""
+    """The PR's source installed into the release image, with the dependency pins of its own branch.
+
+    The PR branched from an older main than 0.5.23 (its argument hooks predate 0.5.23's), so it brings its
+    own compiled-kernel pins rather than trusting the image's.
+    """
     return EngineSpec(
         name="sglang",
-        version=f"{SGLANG_VERSION}+pr{DDTREE_PR}.{DDTREE_COMMIT[:10]}",
+        version=f"pr{DDTREE_PR}-{DDTREE_COMMIT[:10]}",
         image=SGLANG_IMAGE,
         source=f"git+{SGLANG_REPO}@{DDTREE_COMMIT}#subdirectory=python",
         install=[
             f"git clone --filter=blob:none {SGLANG_REPO} {DDTREE_SOURCE_DIR}",
             f"git -C {DDTREE_SOURCE_DIR} fetch origin pull/{DDTREE_PR}/head",
             f"git -C {DDTREE_SOURCE_DIR} checkout {DDTREE_COMMIT}",
-            # --no-deps keeps the image's compiled kernels and pinned torch.
-            f"pip install --no-deps -e {DDTREE_SOURCE_DIR}/python",
+            f"pip install -e {DDTREE_SOURCE_DIR}/python",
         ],
     )
 

@@ -252,9 +252,10 @@ def _warnings(
             )
     if mode == "ddtree" and recipe.engine == "sglang":
         warnings.append(
-            f"DDTree runs an unmerged SGLang build: PR #{DDTREE_PR} at commit {DDTREE_COMMIT[:10]} laid over the "
-            "0.5.23 image (see engine.install); that commit is the newest the public index holds and the PR may "
-            "have moved; the build is checked against the PR's flags, not by a released parser"
+            f"DDTree runs an unmerged SGLang build: PR #{DDTREE_PR} at commit {DDTREE_COMMIT[:10]}, installed "
+            "into the 0.5.23 image at start-up with its own dependency pins (see engine.install); that commit is "
+            "the newest the public index holds and the PR may have moved; only the PR's own flags are checked "
+            "against it, the rest of the command line against 0.5.23's parser"
         )
         if full_tree and recipe.target.attention == "hybrid":
             warnings.append(
