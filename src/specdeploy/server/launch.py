@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -10,16 +12,31 @@ import uvicorn
 from specdeploy.server.app import create_app
 from specdeploy.server.service import ServerConfig
 
-GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish before uvicorn closes them
+GRACEFUL_SHUTDOWN_S = 5  # open connections get this long to finish before uvicorn cancels them
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also stops the engine worker as soon as the exit signal arrives.
+
+    Without that, a long generation keeps its stream open through the graceful period and is then cancelled
+    mid-write; stopped first, the worker ends every request with an abort reason and the streams close.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
 
 
 def serve_engine(engine: Any, config: ServerConfig, host: str, port: int, log_level: str = "info") -> None:
     app = create_app(engine, config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
-        )
+    uvicorn_config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
     )
+    server = _Server(uvicorn_config, app.state.service.worker.request_stop)
     # uvicorn re-raises the signal it caught once shut down, under the handler it found at start; with the
     # default handler SIGTERM would then kill the process (status 143) after an otherwise clean shutdown.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

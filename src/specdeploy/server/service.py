@@ -97,6 +97,7 @@ class EngineService:
                     continue
                 if item is None:
                     gen.abort("The server stopped this request while shutting down.", 503)
+                    yield []  # streams still send a last event, carrying the abort reason
                 elif isinstance(item, JobFailed):
                     gen.abort(str(item), 500)
                     raise EngineFailed(str(item))

@@ -107,10 +107,17 @@ class EngineWorker:
         with self._idle:
             return self._idle.wait_for(lambda: self._waiting + self._running == 0, timeout)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the current step: queued jobs end without output, the thread exits."""
+    def request_stop(self) -> None:
+        """Stop after the current step, without waiting: queued jobs end without output, the thread exits.
+
+        Safe inside a signal handler: it only sets an Event and puts on a SimpleQueue (reentrant).
+        """
         self._stopping.set()
         self._jobs.put(None)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """`request_stop`, then wait for the thread to exit."""
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
