@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.zoo.registry import zoo_pairs
+from specdeploy.zoo.registry import get_pair, zoo_pairs
 
 
 def list_command(
@@ -64,6 +64,11 @@ def eval_command(
     from specdeploy.zoo import evaluate
     from specdeploy.zoo.table import mode_table
 
+    if not evaluate.engine_can_run(name):
+        typer.echo(f"{name}: {get_pair(name).spec.engine_support}; nothing to measure")
+        if write_card:
+            evaluate.write_card(name, None)  # the card then says why it has no tau
+        return
     evaluation = evaluate.evaluate_pair(name, prompts, max_new_tokens, budget, say=typer.echo)
     Console().print(mode_table(evaluation.rows, f"{name}: {prompts} held-out prompts, greedy"))
     if write_card:

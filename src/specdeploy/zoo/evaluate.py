@@ -16,6 +16,10 @@ from specdeploy.zoo.tokenizer import load_tokenizer
 ENGINE_FAMILIES = ("qwen3", "deepseek_v3")  # target families the reference engine can decode
 
 
+def engine_can_run(name: str) -> bool:
+    return get_pair(name).spec.family in ENGINE_FAMILIES
+
+
 def evaluate_pair(
     name: str,
     num_prompts: int = 8,
