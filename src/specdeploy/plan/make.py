@@ -76,29 +76,15 @@ def make_plan(
         )
 
     tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
-    warnings = _warnings(
-        recipe, hardware, mode, budget, full_tree, drafter, memory, tp_size, total_gpus, nnodes
-    )
+    warnings = _warnings(recipe, hardware, mode, budget, full_tree, drafter, tp_size, total_gpus, nnodes)
     warnings += _memory_warnings(memory, context, running)
     if reference:
         argv = _reference_argv(recipe, mode, budget, drafter, port)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
         attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
-        args = sglang_args.server_args(
-            recipe,
-            mode,
-            budget,
-            drafter,
-            attention,
-            tp_size,
-            nnodes,
-            context,
-            running,
-            memory,
-            DEFAULT_HOST,
-            port,
-        )
+        serving = sglang_args.Serving(tp_size, nnodes, context, running, DEFAULT_HOST, port)
+        args = sglang_args.server_args(recipe, mode, budget, drafter, attention, serving, memory)
         argv = [*SGLANG_LAUNCH, *args.argv]
         env = sglang_args.environment(hardware, tp_size)
         reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
@@ -236,7 +222,15 @@ def _model_refs(recipe: Recipe, drafter: ModelFacts | None) -> list[ModelRef]:
 
 
 def _warnings(
-    recipe, hardware, mode, budget, full_tree, drafter, memory, tp, total_gpus, nnodes
+    recipe: Recipe,
+    hardware: HardwareProfile,
+    mode: str,
+    budget: int | None,
+    full_tree: bool,
+    drafter: ModelFacts | None,
+    tp: int,
+    total_gpus: int,
+    nnodes: int,
 ) -> list[str]:
     warnings: list[str] = []
     for model in (recipe.target, drafter):

@@ -22,6 +22,18 @@ PCIE_IPC_MIN_TP = 4
 
 
 @dataclass(frozen=True)
+class Serving:
+    """Where and how much the server serves: parallelism, limits and address."""
+
+    tp: int
+    nnodes: int
+    context_length: int
+    max_running_requests: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class ServerArgs:
     argv: list[str]
     reasons: list[Reason]
@@ -33,16 +45,13 @@ def server_args(
     budget: int | None,
     drafter: ModelFacts | None,
     attention: AttentionChoice,
-    tp: int,
-    nnodes: int,
-    context: int,
-    running: int,
+    serving: Serving,
     memory: MemoryTable,
-    host: str,
-    port: int,
 ) -> ServerArgs:
     """The argv after `python -m sglang.launch_server`."""
     target = recipe.target
+    tp, nnodes, running = serving.tp, serving.nnodes, serving.max_running_requests
+    host, port, context = serving.host, serving.port, serving.context_length
     argv = ["--model-path", target.path]
     if target.revision:
         argv += ["--revision", target.revision]
