@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from specdeploy.engine.decode import Decoder, GenerationResult, SamplingParams
 from specdeploy.engine.drafter import load_drafter
 from specdeploy.engine.loading import load_target
@@ -75,16 +73,20 @@ def run_modes(
     if drafter is not None:
         drafter.check_compatible(target.config)
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    out = []
-    for spec in modes:
-        decoder = Decoder(target, drafter if spec.mode != "ar" else None, spec.mode, spec.budget)
-        if warmup:
+    decoders = [Decoder(target, drafter if m.mode != "ar" else None, m.mode, m.budget) for m in modes]
+    if warmup:
+        for decoder in decoders:
             decoder.generate(prompts[0], SamplingParams(max_new_tokens=8))  # first calls pay one-off costs
-        started = time.perf_counter()
-        with torch.inference_mode():
-            results = [decoder.generate(p, params) for p in prompts]
-        result = ModeResult(spec, results, time.perf_counter() - started)
-        if say is not None:
-            say(f"{spec.label}: tau {result.tau:.2f}, {result.tokens_per_s:.0f} tokens/s")
-        out.append(result)
+    results: list[list[GenerationResult]] = [[] for _ in modes]
+    seconds = [0.0 for _ in modes]
+    # Modes take turns prompt by prompt, so a load change on a shared machine hits them all alike.
+    for prompt in prompts:
+        for i, decoder in enumerate(decoders):
+            started = time.perf_counter()
+            results[i].append(decoder.generate(prompt, params))
+            seconds[i] += time.perf_counter() - started
+    out = [ModeResult(spec, r, s) for spec, r, s in zip(modes, results, seconds, strict=True)]
+    if say is not None:
+        for result in out:
+            say(f"{result.spec.label}: tau {result.tau:.2f}, {result.tokens_per_s:.0f} tokens/s")
     return out
