@@ -14,7 +14,9 @@ SGLANG_REPO = "https://github.com/sgl-project/sglang"
 DDTREE_PR = 29907
 DDTREE_COMMIT = "93e9850e430035f8a363fd881a6a0c5436b95108"
 DDTREE_SOURCE_DIR = "/opt/sglang-ddtree"
-# What the PR adds to the command line and environment on top of 0.5.23 (read from the PR itself).
+# What the PR adds to the command line and environment on top of 0.5.23 (read from the PR itself). The
+# commit's ServerArgs also declares every other flag a DDTree plan passes (cuda_graph_max_bs_decode,
+# speculative_draft_attention_backend, speculative_num_draft_tokens, page_size, ...), checked by reading it.
 DDTREE_ALGORITHM = "DDTREE"
 DDTREE_FLAGS = ("--speculative-ddtree-budget",)
 DDTREE_ENV = ("SGLANG_DDTREE_MAX_TOPK", "SGLANG_DDTREE_DEPTH_BONUS", "SGLANG_DDTREE_RANK_PROBE")
