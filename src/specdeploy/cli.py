@@ -12,6 +12,7 @@ from specdeploy.deploy import commands as deploy_commands
 from specdeploy.engine import generate_command
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import commands as plan_commands
+from specdeploy.report import commands as report_commands
 from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
 
@@ -45,6 +46,7 @@ plan_commands.register(app)  # plan, recipes
 app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
 app.command("campaign")(campaign_commands.campaign)
+app.command("report")(report_commands.report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""`specdeploy report RUN_DIR...`: tables on the terminal (or JSON) and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.report.html import render_html
+from specdeploy.report.plots import all_plots
+from specdeploy.report.rows import ReportRow, report_document, report_rows
+from specdeploy.report.runs import Series, load_series
+from specdeploy.report.tables import comparison_table, rows_table, series_table
+
+
+def write_report(run_dirs: list[Path], out: Path) -> tuple[list[Series], list[ReportRow]]:
+    """Read the runs, write the HTML page to `out`; returns (series, rows) for the caller to print."""
+    series = load_series(run_dirs)
+    rows = report_rows(series)
+    if not rows:
+        raise SpecdeployError(
+            f"the runs in {', '.join(map(str, run_dirs))} have no finished cell yet: nothing to report"
+        )
+    page = render_html(series, rows, all_plots(rows, [s.label for s in series]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return series, rows
+
+
+def report(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Bench run directories or campaign directories (several: side by side)."),
+    ],
+    out: Annotated[Path, typer.Option(help="The HTML page to write.")] = Path("report.html"),
+    json_output: Annotated[bool, typer.Option("--json", help="Print the aggregated table as JSON.")] = False,
+) -> None:
+    """Report on finished runs from their files only: throughput, latency, tau, speedup; plots in HTML."""
+    series, rows = write_report(run_dirs, out)
+    if json_output:
+        typer.echo(json.dumps(report_document(series, rows), indent=2))
+        Console(stderr=True).print(f"HTML report in {out}")
+        return
+    console = Console()
+    console.print(series_table(series))
+    console.print(rows_table(rows))
+    if len(series) > 1:
+        console.print(comparison_table(rows, series))
+    console.print(f"HTML report in {out}")
