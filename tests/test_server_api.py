@@ -150,8 +150,14 @@ def test_stop_string_ends_the_output_like_sglang(client: httpx.Client) -> None:
         assert stop not in body["text"]
 
 
-def test_completions_stream_equals_non_stream(client: httpx.Client) -> None:
-    request = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+def test_completions_stream_equals_non_stream(client: httpx.Client, pair) -> None:
+    request = {
+        "prompt": PROMPT,
+        "max_tokens": 10,
+        "temperature": 0,
+        "ignore_eos": True,
+        "model": str(pair[0]),
+    }
     whole = client.post("/v1/completions", json=request).json()
     assert whole["object"] == "text_completion" and whole["model"] == "target"
     assert whole["usage"]["completion_tokens"] == 10

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Query
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
@@ -128,4 +129,4 @@ async def flush_cache(request: Request, timeout: float = Query(0.0, ge=0.0)) -> 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(service_of(request).stats.prometheus_text(), media_type="text/plain; version=0.0.4")
+    return Response(service_of(request).stats.prometheus_text(), media_type=CONTENT_TYPE_LATEST)

@@ -86,7 +86,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 def _check_common(req: SamplingFields, service: EngineService) -> None:
-    if req.model is not None and req.model not in (service.model_name, "default"):
+    if req.model is not None and req.model not in service.model_aliases:
         raise ApiError(
             f"The model '{req.model}' does not exist; this server serves '{service.model_name}' (see /v1/models).",
             404,

@@ -46,6 +46,8 @@ class EngineService:
         self.engine = engine
         self.config = config
         self.model_name = config.served_model_name or engine.model_name
+        # clients of SGLang name the model by its --model-path (SGLang's default served name) or "default"
+        self.model_aliases = {self.model_name, str(engine.target_path), "default"}
         self.tokenizer = engine.tokenizer
         target_config = engine.decoder.target.config
         self.limits = ModelLimits(vocab_size=target_config.vocab_size, max_context=engine.max_context)
