@@ -13,7 +13,7 @@ from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
 from specdeploy.server.http_utils import SSE_DONE, read_json, service_of, sse, sse_error
 from specdeploy.server.params import parse_sampling_params
-from specdeploy.server.service import ClientGone, EngineFailed, EngineService
+from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.worker import Job
 
 router = APIRouter()
@@ -29,14 +29,8 @@ async def generate(request: Request) -> Response:
     jobs = service.submit_all(gens)
     if body.get("stream", False):
         return StreamingResponse(_stream(service, gens, jobs, batched), media_type="text/event-stream")
-    try:
-        for gen, job in zip(gens, jobs, strict=True):
-            await service.complete(gen, job, request)
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads this; it only ends the handler
-    finally:
-        for job in jobs:
-            job.cancel()
+    if not await service.complete_all(gens, jobs, request):
+        return Response(status_code=499)  # the client is gone: nobody reads this, it only ends the handler
     outputs = [_output(gen, i if batched else None) for i, gen in enumerate(gens)]
     return JSONResponse(outputs if batched else outputs[0])
 

@@ -15,7 +15,7 @@ from specdeploy.server.generation import Generation
 from specdeploy.server.http_utils import SSE_DONE, read_model, service_of, sse, sse_error
 from specdeploy.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specdeploy.server.params import parse_sampling_params
-from specdeploy.server.service import ClientGone, EngineFailed, EngineService
+from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.worker import Job
 
 router = APIRouter()
@@ -180,14 +180,8 @@ async def _respond(
         chunk_object = object_name + ".chunk" if object_name == "chat.completion" else object_name
         stream = _stream(service, req, gens, jobs, {**header, "object": chunk_object}, choice)
         return StreamingResponse(stream, media_type="text/event-stream")
-    try:
-        for gen, job in zip(gens, jobs, strict=True):
-            await service.complete(gen, job, request)
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads this; it only ends the handler
-    finally:
-        for job in jobs:
-            job.cancel()
+    if not await service.complete_all(gens, jobs, request):
+        return Response(status_code=499)  # the client is gone: nobody reads this, it only ends the handler
     choices = [choice(gen, i, gen.text, False) for i, gen in enumerate(gens)]
     return JSONResponse({**header, "object": object_name, "choices": choices, "usage": _usage(gens)})
 

@@ -122,6 +122,18 @@ class EngineService:
             raise ApiError(gen.finish_reason["message"], gen.finish_reason["status_code"])
         return gen
 
+    async def complete_all(self, gens: list[Generation], jobs: list[Job], request: Request) -> bool:
+        """Run a request's jobs to their end in order; False when the client left meanwhile."""
+        try:
+            for gen, job in zip(gens, jobs, strict=True):
+                await self.complete(gen, job, request)
+        except ClientGone:
+            return False
+        finally:
+            for job in jobs:
+                job.cancel()
+        return True
+
     async def _next(self, job: Job) -> Any:
         """The job's next item, or NO_STEP_YET after a poll period without one."""
         try:
