@@ -127,8 +127,10 @@ def test_generate_streams_one_cumulative_event_per_engine_step(client: httpx.Cli
 def test_generate_batches_text_and_input_ids(client: httpx.Client) -> None:
     single = generate(client, max_new_tokens=6).json()
     params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-    batch = client.post("/generate", json={"text": [PROMPT, PROMPT + "!"], "sampling_params": params}).json()
+    body = {"text": [PROMPT, PROMPT + "!"], "sampling_params": params, "rid": ["first", "second"]}
+    batch = client.post("/generate", json=body).json()
     assert [item["index"] for item in batch] == [0, 1]
+    assert [item["meta_info"]["id"] for item in batch] == ["first", "second"]
     assert batch[0]["output_ids"] == single["output_ids"]
     by_ids = client.post(
         "/generate", json={"input_ids": list(PROMPT.encode()), "sampling_params": params}

@@ -46,6 +46,7 @@ CASES = [
     ("POST", "/generate", {"text": ["a", "b"], "sampling_params": [OK_PARAMS]}, 400),
     ("POST", "/generate", {"text": "a", "stream": "yes"}, 400),
     ("POST", "/generate", {"text": "a", "return_logprob": True}, 400),
+    ("POST", "/generate", {"text": ["a", "b"], "rid": "only-one"}, 400),
     ("GET", "/generate", None, 405),
     ("GET", "/no/such/route", None, 404),
     ("POST", "/v1/completions", b"{", 400),

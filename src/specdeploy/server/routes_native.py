@@ -71,7 +71,19 @@ def _parse(body: Any, service: EngineService) -> tuple[list[Generation], bool]:
                 "input_ids must be a list of token ids or a list of such lists.", param="input_ids"
             )
         gens.append(service.new_generation(prompt, parse_sampling_params(raw, service.limits), field))
+    for gen, rid in zip(gens, _request_ids(body.get("rid"), len(gens)), strict=True):
+        if rid is not None:
+            gen.rid = rid  # SGLang reports the client's request id as meta_info.id
     return gens, batched
+
+
+def _request_ids(rid: Any, count: int) -> list[str | None]:
+    if rid is None:
+        return [None] * count
+    rids = rid if isinstance(rid, list) else [rid]
+    if len(rids) != count or not all(isinstance(r, str) and r for r in rids):
+        raise ApiError(f"rid must be one non-empty string per prompt ({count}).", param="rid")
+    return rids
 
 
 def _text_prompts(text: Any, service: EngineService) -> list[list[int]]:
