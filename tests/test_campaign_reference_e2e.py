@@ -1,0 +1,130 @@
+"""A campaign end to end on CPU: the reference launcher, a random tiny pair, a server killed mid-cell.
+
+Three server starts of a tiny model: about 20 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+from rich.console import Console
+
+from specdeploy.bench.results import INCOMPLETE_FILE, RunDirectory
+from specdeploy.campaign.runner import DeployControl, run_campaign
+from specdeploy.campaign.spec import load_campaign
+from specdeploy.report.commands import write_report
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+RECIPE = """
+name = "random-pair"
+description = "random tiny Qwen3 pair for tests"
+engine = "reference"
+default_context_length = 512
+default_max_running_requests = 2
+
+[target]
+path = "{target}"
+architecture = "Qwen3ForCausalLM"
+parameters = 1_000_000
+disk_bytes = 4_000_000
+layers = 2
+hidden = 64
+kv_heads = 2
+kv_bytes_per_token = 1_024
+quantization = "bf16"
+attention = "gqa"
+context_length = 512
+
+[dflash]
+path = "{draft}"
+architecture = "DFlashDraftModel"
+parameters = 500_000
+disk_bytes = 2_000_000
+layers = 1
+hidden = 64
+kv_heads = 2
+kv_bytes_per_token = 512
+quantization = "bf16"
+block_size = 8
+trained_for = "{target}"
+"""
+
+CAMPAIGN = """
+name = "random-pair-cpu"
+recipe = "random-pair.toml"
+hardware = "cpu"
+launcher = "reference"
+modes = ["ar", "ddtree"]
+ddtree_budgets = [4]
+concurrency = [1, 2]
+datasets = ["custom"]
+data_dir = "prompts.jsonl"
+max_new_tokens = 8
+port = {port}
+health_timeout_s = 180
+smoke = false
+
+[bench]
+warmup = 0
+"""
+
+
+def test_campaign_with_the_reference_launcher_survives_a_killed_server(tmp_path: Path) -> None:
+    from specdeploy.zoo.random_pair import write_random_pair
+
+    target, draft = write_random_pair(tmp_path / "pair", block_size=8)
+    (tmp_path / "random-pair.toml").write_text(RECIPE.format(target=target, draft=draft))
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello there", "Write a poem", "1+1="))
+    )
+    campaign_file = tmp_path / "campaign.toml"
+    campaign_file.write_text(CAMPAIGN.format(port=free_port()))
+    spec = load_campaign(campaign_file)
+    out = tmp_path / "campaign"
+    killed: list[int] = []
+
+    def kill_tree_server_in_c2(cell: str, done: int, planned: int | None) -> None:
+        if cell == "target/custom/ddtree/b4/c2/rep0" and not killed:
+            record = json.loads((out / "servers/tp1-ddtree-b4/start-1/deployment.json").read_text())
+            killed.append(record["launcher"]["process"]["pid"])
+            os.killpg(killed[0], signal.SIGKILL)
+
+    control = DeployControl(
+        "reference", spec.health_timeout_s, spec.smoke, out / "servers", Console(stderr=True)
+    )
+    state = run_campaign(spec, out, control, log=lambda _: None, progress=kill_tree_server_in_c2)
+
+    assert killed
+    tree = state.servers["tp1-ddtree-b4"]
+    assert tree.status == "complete" and [s.outcome for s in tree.starts] == ["died", "stopped"]
+    assert [d.cell for d in tree.deaths] == ["target/custom/ddtree/b4/c2/rep0"]
+    assert [s.outcome for s in state.servers["tp1-ar"].starts] == ["stopped"]
+    run = RunDirectory(out / "runs/tp1-ddtree-b4/custom")
+    assert run.read_manifest().deployment["plan"]["budget"] == 4
+    summary = run.read_summary()
+    assert sorted(summary.cells) == ["target/custom/ddtree/b4/c1/rep0", "target/custom/ddtree/b4/c2/rep0"]
+    for cell in summary.cells.values():
+        assert cell.metrics.n_errors == 0 and cell.metrics.tau.mean >= 1.0
+        # Tree verification keeps greedy outputs identical to the AR server's.
+        assert cell.comparison.n_compared == 3 and cell.comparison.output_match_rate == 1.0
+    assert len(run.read_records()) == 6  # the killed attempt's records are only in incomplete.jsonl
+    assert (run.path / INCOMPLETE_FILE).read_text().count("ddtree/b4/c2") >= 1
+
+    _, rows = write_report([out], tmp_path / "report.html")
+    assert [(r.mode_label, r.concurrency) for r in rows] == [
+        ("ar", 1),
+        ("ar", 2),
+        ("ddtree b4", 1),
+        ("ddtree b4", 2),
+    ]
+    assert all(r.speedup is not None for r in rows if r.mode == "ddtree")
