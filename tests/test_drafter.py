@@ -127,7 +127,7 @@ def test_loads_checkpoints_written_by_dflash(tmp_path: Path) -> None:
             param.normal_(0.0, 0.3)
     oracle.save_pretrained(str(tmp_path))
     drafter = load_drafter(tmp_path)
-    assert drafter.rotary.attention_factor == pytest.approx(oracle.rotary_emb.attention_scaling)
+    assert drafter.rotary.attention_scaling == pytest.approx(oracle.rotary_emb.attention_scaling)
     torch.testing.assert_close(drafter.rotary.inv_freq, oracle.rotary_emb.inv_freq)
     context, noise = torch.randn(1, 5, 2 * HIDDEN), torch.randn(1, BLOCK, HIDDEN)
     positions = torch.arange(5 + BLOCK)[None]
@@ -192,8 +192,8 @@ def test_kimi_drafter_uses_legacy_yarn_attention_factor() -> None:
     }
     config = tiny_config(rope_theta=50000.0, max_position_embeddings=262144, rope_scaling=kimi_rope)
     drafter = DFlashDrafter(config)
-    assert drafter.rotary.attention_factor == pytest.approx(0.1 * math.log(64) + 1)
-    assert drafter.rotary.attention_factor == pytest.approx(1.4159, abs=1e-4)
+    assert drafter.rotary.attention_scaling == pytest.approx(0.1 * math.log(64) + 1)
+    assert drafter.rotary.attention_scaling == pytest.approx(1.4159, abs=1e-4)
     # Modern code reads mscale = mscale_all_dim and computes 1.0: the pitfall the default avoids.
     from transformers import Qwen3Config
 
@@ -201,7 +201,7 @@ def test_kimi_drafter_uses_legacy_yarn_attention_factor() -> None:
     assert oracle.rotary_emb.attention_scaling == pytest.approx(1.0)
     torch.testing.assert_close(drafter.rotary.inv_freq, oracle.rotary_emb.inv_freq)
     explicit = tiny_config(rope_theta=50000.0, rope_scaling={**kimi_rope, "attention_factor": 1.0})
-    assert DFlashDrafter(explicit).rotary.attention_factor == 1.0
+    assert DFlashDrafter(explicit).rotary.attention_scaling == 1.0
 
 
 @pytest.mark.parametrize(("target_layers", "draft_layers"), [(36, 5), (61, 6), (6, 2), (28, 1), (4, 3)])
@@ -277,5 +277,5 @@ def test_bad_inputs_raise_clear_errors() -> None:
         )
     with pytest.raises(SpecdeployError, match="no dflash_config.mask_token_id"):
         DFlashDrafter(tiny_config(dflash_config={"target_layer_ids": LAYER_IDS}))
-    with pytest.raises(SpecdeployError, match="unsupported RoPE type 'longrope'"):
+    with pytest.raises(SpecdeployError, match="RoPE type 'longrope' is not supported"):
         DFlashDrafter(tiny_config(rope_scaling={"rope_type": "longrope", "factor": 2.0}))

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from specdeploy.engine.cache import KVCache
-from specdeploy.engine.rope import RotaryEmbedding, apply_rotary, inverse_frequencies, read_rope_parameters
+from specdeploy.engine.models.layers import RMSNorm, RotaryEmbedding, rope_parameters, rotate_half
 from specdeploy.errors import SpecdeployError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -178,17 +178,10 @@ def read_drafter_spec(config: dict[str, Any]) -> DrafterSpec:
     )
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, scale in the input dtype: Qwen3's order, which bf16 results depend on.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, heads, head_dim], cos/sin [B, S, head_dim] -> x rotated by its positions' angles."""
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    return x * cos + rotate_half(x) * sin
 
 
 class DraftMLP(nn.Module):
@@ -313,10 +306,12 @@ class DFlashDrafter(nn.Module):
         # z-lab's Kimi drafter was trained with YaRN's legacy attention factor (1.4159 at factor 64) although
         # its config carries mscale = mscale_all_dim = 1.0, which modern code turns into 1.0 and which loses
         # acceptance; drafters therefore default to the legacy factor (an explicit attention_factor wins).
-        inv_freq, attention_factor = inverse_frequencies(
-            read_rope_parameters(config), spec.head_dim, spec.max_position_embeddings, legacy_yarn=True
+        self.rotary = RotaryEmbedding(
+            rope_parameters({"max_position_embeddings": spec.max_position_embeddings, **config}),
+            spec.head_dim,
+            spec.max_position_embeddings,
+            legacy_yarn=True,
         )
-        self.rotary = RotaryEmbedding(inv_freq, attention_factor)
         # Layers share a visibility rule when they share (causal, window); one mask per distinct rule.
         self.layer_rules = [
             (

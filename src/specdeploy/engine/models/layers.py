@@ -86,7 +86,9 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _yarn(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def _yarn(
+    params: dict[str, Any], dim: int, max_position_embeddings: int, legacy: bool
+) -> tuple[torch.Tensor, float]:
     base = float(params["rope_theta"])
     original = params["original_max_position_embeddings"]
     # DeepSeek-style configs may omit the factor and mean the context extension ratio.
@@ -94,7 +96,7 @@ def _yarn(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tup
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-        if mscale and mscale_all_dim:
+        if mscale and mscale_all_dim and not legacy:
             attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
             attention_factor = yarn_mscale(factor)
@@ -130,14 +132,20 @@ def _llama3(params: dict[str, Any], dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin for arbitrary position ids (tree nodes use prefix + depth), never for the cache length."""
+    """cos/sin for arbitrary position ids (tree nodes use prefix + depth), never for the cache length.
 
-    def __init__(self, params: dict[str, Any], dim: int, max_position_embeddings: int) -> None:
+    `legacy_yarn` ignores mscale/mscale_all_dim and scales by YaRN's original 0.1 * ln(factor) + 1 (an
+    explicit attention_factor still wins): what z-lab's DFlash drafters were trained with.
+    """
+
+    def __init__(
+        self, params: dict[str, Any], dim: int, max_position_embeddings: int, legacy_yarn: bool = False
+    ) -> None:
         super().__init__()
         # Explicitly on the CPU: models are built on the meta device and this buffer is not in checkpoints.
         with torch.device("cpu"):
             if params["rope_type"] == "yarn":
-                inv_freq, self.attention_scaling = _yarn(params, dim, max_position_embeddings)
+                inv_freq, self.attention_scaling = _yarn(params, dim, max_position_embeddings, legacy_yarn)
             elif params["rope_type"] == "llama3":
                 inv_freq, self.attention_scaling = _llama3(params, dim), 1.0
             else:
