@@ -20,12 +20,15 @@ from specdeploy.engine.models.base import TargetConfig, TargetModel
 from specdeploy.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from specdeploy.engine.models.qwen3 import Qwen3ForCausalLM
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeForCausalLM
+from specdeploy.engine.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 from specdeploy.errors import SpecdeployError
 
 FAMILIES: dict[str, type[TargetModel]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
 }
 
 

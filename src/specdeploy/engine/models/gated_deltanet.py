@@ -1,0 +1,152 @@
+"""Gated DeltaNet token mixers (Qwen3-Next, Qwen3.5), exact under tree verification.
+
+Per token: project to q, k, v (plus the output gate z, the write strength b and the decay input a), run
+q|k|v through a short depthwise causal convolution, then through the gated delta rule; normalise the
+result per head, gate it with silu(z) and project back. Tree verification follows `recurrent_state`:
+each new token's convolution window and recurrent state come from its own ancestors only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdeploy.engine.cache import KVCache
+from specdeploy.engine.models.gated_delta_rule import CHUNK_SIZE, chunked_rule, rule_inputs, tree_rule
+from specdeploy.engine.models.layers import Rope, config_value
+from specdeploy.engine.recurrent_state import (
+    PendingTokens,
+    RecurrentState,
+    chain_parents,
+    conv_windows,
+    tree_parents,
+)
+from specdeploy.errors import SpecdeployError
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over each head's output, then times silu(gate) in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        return (x * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """The shared body; subclasses say how the input projections are laid out in their checkpoints.
+
+    `leaky` reproduces a naive engine for experiments: the recurrent state and the convolution run over the
+    new tokens in index order, whatever the mask, so tree siblings leak into each other.
+    """
+
+    def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.hidden = config["hidden_size"]
+        self.k_heads, self.v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        self.k_dim, self.v_dim = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        if self.v_heads % self.k_heads:
+            raise SpecdeployError(
+                f"linear_num_value_heads {self.v_heads} must be a multiple of linear_num_key_heads {self.k_heads}"
+            )
+        self.conv_width = config_value(config, "linear_conv_kernel_dim", 4)
+        self.key_size, self.value_size = self.k_heads * self.k_dim, self.v_heads * self.v_dim
+        conv_channels = 2 * self.key_size + self.value_size
+        # Only the weight is used (checkpoint name conv1d.weight, [channels, 1, width]).
+        self.conv1d = nn.Conv1d(
+            conv_channels, conv_channels, self.conv_width, groups=conv_channels, bias=False
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.v_heads))
+        self.norm = GatedRMSNorm(self.v_dim, config_value(config, "rms_norm_eps", 1e-6))
+        self.out_proj = nn.Linear(self.value_size, self.hidden, bias=False)
+        self.leaky = False
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q|k|v [B, T, channels], z [B, T, v_heads, v_dim], b [B, T, v_heads], a [B, T, v_heads])."""
+        raise NotImplementedError
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
+    ) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        state = cache.layers[self.layer_idx] if cache is not None else None
+        if state is None:
+            state = RecurrentState(
+                conv=x.new_zeros(batch, self.conv_width - 1, 2 * self.key_size + self.value_size),
+                recurrent=x.new_zeros(batch, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32),
+            )
+        state.settle()
+        tree = tree_parents(visible, state.committed)
+        parents = chain_parents(tokens) if self.leaky else tree
+        mixed, z, b, a = self.project(x)
+
+        conv_inputs = torch.cat([state.conv.to(mixed.dtype), mixed], dim=1)
+        windows = conv_windows(parents, self.conv_width, x.device)
+        kernel = self.conv1d.weight[:, 0].t().float()  # [width, channels], oldest tap first
+        mixed = F.silu((conv_inputs[:, windows].float() * kernel).sum(dim=2)).to(x.dtype)
+        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        inputs = rule_inputs(
+            q.reshape(batch, tokens, self.k_heads, self.k_dim),
+            k.reshape(batch, tokens, self.k_heads, self.k_dim),
+            v.reshape(batch, tokens, self.v_heads, self.v_dim),
+            decay,
+            b.sigmoid(),
+        )
+        if tokens >= CHUNK_SIZE and parents == chain_parents(tokens):
+            out, final, states = *chunked_rule(inputs, state.recurrent), None  # long prefills
+        else:
+            out, states = tree_rule(inputs, parents, state.recurrent)
+            final = states[:, :, -1]
+        if cache is not None:
+            state.record(PendingTokens(tree, parents, conv_inputs, windows, inputs, states, final))
+            cache.layers[self.layer_idx] = state
+
+        out = self.norm(out.transpose(1, 2).to(x.dtype), z)
+        return self.out_proj(out.reshape(batch, tokens, self.value_size))
+
+
+class Qwen3NextGatedDeltaNet(GatedDeltaNet):
+    """Qwen3-Next: q, k, v, z fused in in_proj_qkvz and b, a in in_proj_ba, both grouped per key head."""
+
+    def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.in_proj_qkvz = nn.Linear(self.hidden, 2 * self.key_size + 2 * self.value_size, bias=False)
+        self.in_proj_ba = nn.Linear(self.hidden, 2 * self.v_heads, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, tokens, _ = x.shape
+        group = self.v_heads // self.k_heads
+        qkvz = self.in_proj_qkvz(x).view(batch, tokens, self.k_heads, -1)
+        q, k, v, z = qkvz.split([self.k_dim, self.k_dim, group * self.v_dim, group * self.v_dim], dim=-1)
+        b, a = self.in_proj_ba(x).view(batch, tokens, self.k_heads, 2 * group).split([group, group], dim=-1)
+        mixed = torch.cat([t.reshape(batch, tokens, -1) for t in (q, k, v)], dim=-1)
+        heads = (batch, tokens, self.v_heads)
+        return mixed, z.reshape(*heads, self.v_dim), b.reshape(heads), a.reshape(heads)
+
+
+class Qwen3_5GatedDeltaNet(GatedDeltaNet):
+    """Qwen3.5: separate in_proj_qkv, in_proj_z, in_proj_b and in_proj_a, in plain head order."""
+
+    def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.in_proj_qkv = nn.Linear(self.hidden, 2 * self.key_size + self.value_size, bias=False)
+        self.in_proj_z = nn.Linear(self.hidden, self.value_size, bias=False)
+        self.in_proj_b = nn.Linear(self.hidden, self.v_heads, bias=False)
+        self.in_proj_a = nn.Linear(self.hidden, self.v_heads, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, tokens, _ = x.shape
+        z = self.in_proj_z(x).view(batch, tokens, self.v_heads, self.v_dim)
+        return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)

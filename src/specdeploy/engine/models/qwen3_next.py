@@ -1,0 +1,228 @@
+"""Qwen3-Next and Qwen3.5 (text): hybrid stacks of gated full attention and Gated DeltaNet layers.
+
+Full-attention layers are Qwen3's with three changes: q_proj also yields a per-channel output gate
+(attention output * sigmoid(gate)), RoPE rotates only the first partial_rotary_factor of each head, and
+every RMSNorm (layer norms, q/k norms, final norm) scales by (1 + weight) in float32. Linear-attention
+layers are Gated DeltaNet (`gated_deltanet`). MLPs are dense SwiGLU, or on Qwen3-Next a routed MoE with a
+sigmoid-gated shared expert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdeploy.engine.cache import KVCache
+from specdeploy.engine.models.base import ModelOutput, TargetConfig, TargetModel
+from specdeploy.engine.models.gated_deltanet import (
+    GatedDeltaNet,
+    Qwen3_5GatedDeltaNet,
+    Qwen3NextGatedDeltaNet,
+)
+from specdeploy.engine.models.layers import (
+    Rope,
+    RotaryEmbedding,
+    SwiGLU,
+    apply_rope,
+    attend,
+    config_value,
+    require_silu,
+    rope_parameters,
+)
+from specdeploy.engine.models.qwen3 import head_dim
+from specdeploy.engine.models.qwen3_moe import Qwen3MoeSparseBlock
+from specdeploy.engine.recurrent_state import RecurrentState
+from specdeploy.errors import SpecdeployError
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm whose stored weight is an offset from 1, applied in float32 before casting back."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+def layer_types(config: dict[str, Any]) -> list[str]:
+    """Each layer's kind; configs without `layer_types` put full attention every full_attention_interval."""
+    layers = config["num_hidden_layers"]
+    interval = config_value(config, "full_attention_interval", 4)
+    kinds = config_value(
+        config,
+        "layer_types",
+        ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)],
+    )
+    unknown = sorted(set(kinds) - set(LAYER_TYPES))
+    if len(kinds) != layers or unknown:
+        raise SpecdeployError(
+            f"layer_types must list {layers} entries of {' or '.join(LAYER_TYPES)}"
+            + (f", found {', '.join(unknown)}" if unknown else f", found {len(kinds)} entries")
+        )
+    return kinds
+
+
+def partial_rope(config: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """(RoPE parameters, rotated dims per head): partial_rotary_factor of head_dim, 0.25 unless configured."""
+    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    factor = params.pop("partial_rotary_factor", config_value(config, "partial_rotary_factor", 0.25))
+    for key in ("mrope_section", "mrope_interleaved"):
+        params.pop(key, None)  # text-only positions are equal on every M-RoPE axis: plain RoPE
+    layout = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rotated = int(head_dim(config) * factor)
+    return rope_parameters({**config, layout: params}), rotated
+
+
+def rotate_partially(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """RoPE on the first rope-dim channels of x [B, heads, T, head_dim]; the rest pass through."""
+    rotated = rope[0].shape[-1]
+    return torch.cat([apply_rope(x[..., :rotated], rope), x[..., rotated:]], dim=-1)
+
+
+class GatedAttention(nn.Module):
+    """Caches post-norm, post-RoPE keys and values as [batch, seq, kv_heads, head_dim]."""
+
+    def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
+        super().__init__()
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        kv_heads = config_value(config, "num_key_value_heads", heads)
+        bias = config_value(config, "attention_bias", False)
+        eps = config_value(config, "rms_norm_eps", 1e-6)
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim(config)
+        self.q_proj = nn.Linear(hidden, 2 * heads * self.head_dim, bias=bias)  # query and gate, per head
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
+    ) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q, gate = self.q_proj(x).view(batch, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)
+        q, k = rotate_partially(q, rope), rotate_partially(k, rope).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(self.layer_idx, k, v)
+        out = attend(q, k.transpose(1, 2), v.transpose(1, 2), visible, self.head_dim**-0.5)
+        out = out.transpose(1, 2).reshape(batch, tokens, -1) * torch.sigmoid(gate.reshape(batch, tokens, -1))
+        return self.o_proj(out)
+
+
+class SharedExpertMoeBlock(Qwen3MoeSparseBlock):
+    """Qwen3-Next's MoE: Qwen3-MoE routing plus an always-on shared expert scaled by sigmoid(shared gate)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        hidden = config["hidden_size"]
+        self.shared_expert = SwiGLU(hidden, config["shared_expert_intermediate_size"])
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared
+
+
+class HybridDecoderLayer(nn.Module):
+    """Pre-norm residual block whose token mixer is `linear_attn` (Gated DeltaNet) or `self_attn`."""
+
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        if isinstance(mixer, GatedDeltaNet):
+            self.linear_attn = mixer
+        else:
+            self.self_attn = mixer
+        self.mlp = mlp
+        self.input_layernorm = ZeroCenteredRMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(hidden_size, eps)
+
+    @property
+    def mixer(self) -> nn.Module:
+        return self._modules.get("linear_attn") or self._modules["self_attn"]
+
+    def forward(
+        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
+    ) -> torch.Tensor:
+        x = x + self.mixer(self.input_layernorm(x), rope, visible, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextForCausalLM(TargetModel):
+    linear_attention: type[GatedDeltaNet] = Qwen3NextGatedDeltaNet
+
+    def __init__(self, config: TargetConfig) -> None:
+        super().__init__()
+        raw = config.raw
+        require_silu(raw)
+        eps = config_value(raw, "rms_norm_eps", 1e-6)
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            HybridDecoderLayer(
+                self.linear_attention(raw, i) if kind == "linear_attention" else GatedAttention(raw, i),
+                self.build_mlp(raw, i),
+                config.hidden_size,
+                eps,
+            )
+            for i, kind in enumerate(layer_types(raw))
+        )
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        params, rotated = partial_rope(raw)
+        self.rotary = RotaryEmbedding(params, rotated, config.max_position_embeddings)
+
+    def build_mlp(self, config: dict[str, Any], layer: int) -> nn.Module:
+        # transformers' defaults: 512 experts on every layer unless listed in mlp_only_layers
+        sparse = (
+            layer not in config_value(config, "mlp_only_layers", [])
+            and config_value(config, "num_experts", 512) > 0
+            and (layer + 1) % config_value(config, "decoder_sparse_step", 1) == 0
+        )
+        if sparse:
+            return SharedExpertMoeBlock(config)
+        return SwiGLU(config["hidden_size"], config["intermediate_size"])
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        hidden_layer_ids: Sequence[int] = (),
+    ) -> ModelOutput:
+        """As `TargetModel.forward`; recurrent layers first commit a previous forward's chain (see settle)."""
+        if cache is not None:
+            for entry in cache.layers:
+                if isinstance(entry, RecurrentState):
+                    entry.settle()
+        return super().forward(input_ids, position_ids, cache, attention_mask, hidden_layer_ids)
+
+    def use_leaky_tree_states(self, leaky: bool) -> None:
+        """Run recurrent layers over tree tokens in index order, as a naive engine does (for experiments)."""
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.leaky = leaky
+
+
+class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
+    """Qwen3.5's text model: the same layer set, split GDN projections, dense MLPs only."""
+
+    linear_attention = Qwen3_5GatedDeltaNet
+
+    def build_mlp(self, config: dict[str, Any], layer: int) -> nn.Module:
+        return SwiGLU(config["hidden_size"], config["intermediate_size"])
