@@ -215,3 +215,17 @@ def test_decoder_rejects_bad_configurations(pairs):
         Decoder(target, drafter, "eagle")
     with pytest.raises(SpecdeployError, match="top_p"):
         SamplingParams(top_p=0)
+
+
+def test_a_seed_gives_the_same_sample_in_every_mode(small_vocab_pair):
+    """The accept walk draws one target sample per committed token, in order, so modes share a seed's stream."""
+    target, drafter = small_vocab_pair
+    decoders = [
+        Decoder(target, mode="ar"),
+        Decoder(target, drafter, "dflash"),
+        Decoder(target, drafter, "ddtree", 8),
+    ]
+    for seed in range(20):
+        params = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=seed)
+        outputs = [decoder.generate([1, 2, 3], params).token_ids for decoder in decoders]
+        assert outputs[0] == outputs[1] == outputs[2], seed
