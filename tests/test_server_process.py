@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +61,15 @@ def test_load_refuses_a_url_with_no_server() -> None:
 
     with pytest.raises(SpecdeployError, match="no server answers"):
         asyncio.run(run_load(f"http://127.0.0.1:{free_port()}", 1, 1, 1, "hi"))
+
+
+def test_serve_refuses_a_port_in_use_before_loading(random_pair: tuple[Path, Path]) -> None:
+    target, _ = random_pair
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--target", str(target), "--port", str(port)])
+    assert isinstance(result.exception, SpecdeployError)
+    assert f"cannot listen on 127.0.0.1:{port}" in str(result.exception)
 
 
 def test_sigterm_shuts_down_cleanly_mid_stream(server) -> None:

@@ -30,11 +30,12 @@ def serve(
     """Serve the reference engine with SGLang's HTTP API (native /generate and OpenAI routes)."""
     from specdeploy.engine.runtime import load_engine
     from specdeploy.errors import SpecdeployError
-    from specdeploy.server.launch import serve_engine
+    from specdeploy.server.launch import check_port_free, serve_engine
     from specdeploy.server.service import ServerConfig
 
     if max_queued_requests < 1:
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
+    check_port_free(host, port)
     engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype)
     config = ServerConfig(max_queued_requests=max_queued_requests, served_model_name=served_model_name)
     serve_engine(engine, config, host, port, log_level)

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from specdeploy.errors import SpecdeployError
 from specdeploy.server.app import create_app
 from specdeploy.server.service import ServerConfig
 
 GRACEFUL_SHUTDOWN_S = 5  # open connections get this long to finish before uvicorn cancels them
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before the (slow) engine load when the address cannot be bound, with a message saying so."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SpecdeployError(
+            f"cannot listen on {host}:{port} ({exc.strerror}): choose another --port or --host"
+        ) from None
 
 
 class _Server(uvicorn.Server):

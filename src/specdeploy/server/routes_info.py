@@ -46,7 +46,7 @@ async def health_generate(request: Request) -> Response:
             try:
                 if await asyncio.wait_for(job.steps.get(), 1.0) is not None:
                     return Response(status_code=200)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
                 pass
             if worker.last_step_at > started:
                 return Response(status_code=200)

@@ -138,7 +138,7 @@ class EngineService:
         """The job's next item, or NO_STEP_YET after a poll period without one."""
         try:
             return await asyncio.wait_for(job.steps.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             return NO_STEP_YET
 
     def engine_info(self) -> dict[str, Any]:
