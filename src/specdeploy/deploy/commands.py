@@ -22,7 +22,14 @@ from specdeploy.deploy.hardware import DetectedHardware, detect_hardware, profil
 from specdeploy.deploy.health import ServerStartError
 from specdeploy.deploy.launchers import LAUNCHERS, get_launcher
 from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir
-from specdeploy.deploy.render import print_deployment, print_preview, print_smoke, print_status
+from specdeploy.deploy.render import (
+    preflight_table,
+    print_deployment,
+    print_plan_summary,
+    print_preview,
+    print_smoke,
+    print_status,
+)
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.recipes.loader import list_hardware, load_hardware
@@ -92,9 +99,16 @@ def up(
                 f"preflight: {len(failed)} check(s) failed ({', '.join(failed)}); see the table above"
             )
         return
+    print_plan_summary(console, plan)
     try:
         deployment = deploy_up(
-            plan, chosen, run_dir, hardware=detected, health_timeout_s=health_timeout, smoke=smoke
+            plan,
+            chosen,
+            run_dir,
+            hardware=detected,
+            health_timeout_s=health_timeout,
+            smoke=smoke,
+            show_preflight=lambda report: console.print(preflight_table(report)),
         )
     except ServerStartError as exc:
         # The CLI prints errors on one line: show the log tail first, as it was written.

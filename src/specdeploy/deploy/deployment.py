@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,8 +112,12 @@ def deploy_up(
     smoke: bool = True,
     api: HfApi | None = None,
     console: Console | None = None,
+    show_preflight: Callable[[PreflightReport], None] | None = None,
 ) -> Deployment:
-    """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure."""
+    """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure.
+
+    `show_preflight` sees the checks before anything is downloaded, whether they passed or not.
+    """
     console = console or Console(stderr=True)
     # Absolute, so that the recorded log path works from any directory a later command runs in.
     run_dir = (run_dir or default_run_dir(plan, runs_root)).resolve()
@@ -125,6 +130,8 @@ def deploy_up(
     if needs_gpus(plan) and hardware is None:
         hardware = detect_hardware()
     preflight = run_preflight(plan, hardware, launcher, api=api)
+    if show_preflight is not None:
+        show_preflight(preflight)
     preflight.raise_on_failure()
     weights = {model.path: str(fetch_model(model, console=console)) for model in plan.models}
 
