@@ -63,11 +63,13 @@ def _png(figure: Figure) -> str:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     if handles:
+        # Two legend columns per panel: a wider legend than the figure would be cut off.
+        panels = sum(ax.get_visible() for ax in figure.axes)
         figure.legend(
             list(handles.values()),
             list(handles),
             loc="outside lower center",
-            ncols=min(len(handles), 4),
+            ncols=max(1, min(len(handles), 2 * min(panels, MAX_COLUMNS))),
             fontsize=8,
         )
     buffer = io.BytesIO()
