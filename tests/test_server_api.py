@@ -161,7 +161,7 @@ def test_completions_stream_equals_non_stream(client: httpx.Client, pair) -> Non
         "model": str(pair[0]),
     }
     whole = client.post("/v1/completions", json=request).json()
-    assert whole["object"] == "text_completion" and whole["model"] == "target"
+    assert whole["object"] == "text_completion" and whole["model"] == str(pair[0])  # echoed, as SGLang does
     assert whole["usage"]["completion_tokens"] == 10
     assert whole["usage"]["total_tokens"] == whole["usage"]["prompt_tokens"] + 10
     assert whole["choices"][0]["finish_reason"] == "length"
@@ -178,6 +178,14 @@ def test_completions_stream_equals_non_stream(client: httpx.Client, pair) -> Non
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 10
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+    # return_token_ids: each chunk carries the tokens its engine step committed
+    events = sse_events(
+        client.post("/v1/completions", json={**request, "stream": True, "return_token_ids": True})
+    )
+    assert len(events) == 1 + native["meta_info"]["spec_verify_ct"]
+    assert all(e["choices"][0]["token_ids"] for e in events)
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == native["output_ids"]
 
 
 def test_chat_stream_equals_non_stream_and_passes_template_kwargs(client: httpx.Client) -> None:
@@ -201,6 +209,9 @@ def test_chat_stream_equals_non_stream_and_passes_template_kwargs(client: httpx.
     )
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(e["object"] == "chat.completion.chunk" for e in events)
+    finish = events[-2]["choices"][0]  # SGLang closes with a chunk of its own: empty delta, finish reason
+    assert finish["delta"] == {} and finish["finish_reason"] == "length"
+    assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert text == message["content"]
     assert events[-1]["usage"] == whole["usage"]

@@ -76,6 +76,7 @@ CASES = [
     ("POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": "x"}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "top_p": 2}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "stream": True, "return_token_ids": True}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "chat_template_kwargs": {"chat_template": "x"}}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "chat_template_kwargs": "thinking"}, 400),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * (CONTEXT + 10)}]}, 400),

@@ -33,6 +33,7 @@ class SamplingFields(BaseModel):
     no_stop_trim: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    return_token_ids: StrictBool = False  # SGLang's: the output token ids with each choice
     n: StrictInt = 1
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0

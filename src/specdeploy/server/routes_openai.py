@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
@@ -61,7 +61,7 @@ async def completions(request: Request) -> Response:
         req.sampling_params(req.max_tokens), service.limits, max_tokens_field="max_tokens"
     )
     gens = [service.new_generation(ids, params, "prompt") for ids in prompts]
-    return await _respond(request, service, req, gens, "text_completion", "cmpl-", _completion_choice)
+    return await _respond(request, service, req, gens, CompletionFlavor(req.return_token_ids))
 
 
 @router.post("/v1/chat/completions")
@@ -73,6 +73,12 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError("Messages cannot be empty.", param="messages")
     if req.tools:
         raise ApiError("tools (function calling) are not supported by the reference engine.", param="tools")
+    if req.stream and req.return_token_ids:
+        raise ApiError(
+            "return_token_ids is not supported with streaming on /v1/chat/completions (as in SGLang); "
+            "use /v1/completions or a non-streaming request.",
+            param="return_token_ids",
+        )
     prompt_ids = _chat_prompt(req, service)
     max_new_tokens = req.max_output_tokens()
     if max_new_tokens is None:  # SGLang's default: whatever room the context leaves
@@ -82,7 +88,7 @@ async def chat_completions(request: Request) -> Response:
         req.sampling_params(max_new_tokens), service.limits, max_tokens_field=field
     )
     gen = service.new_generation(prompt_ids, params, "messages")
-    return await _respond(request, service, req, [gen], "chat.completion", "chatcmpl-", _chat_choice)
+    return await _respond(request, service, req, [gen], ChatFlavor(req.return_token_ids))
 
 
 def _check_common(req: SamplingFields, service: EngineService) -> None:
@@ -129,24 +135,11 @@ def _chat_prompt(req: ChatCompletionRequest, service: EngineService) -> list[int
 
 
 def _finish(gen: Generation) -> tuple[str | None, Any]:
+    """OpenAI's finish_reason and SGLang's matched_stop (a token id or a stop string)."""
     reason = gen.finish_reason
     if reason is None:
         return None, None
     return reason["type"], reason.get("matched")
-
-
-def _completion_choice(gen: Generation, index: int, text: str, stream: bool) -> dict[str, Any]:
-    finish, matched = _finish(gen) if gen.finished else (None, None)
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
-
-
-def _chat_choice(gen: Generation, index: int, text: str, stream: bool) -> dict[str, Any]:
-    finish, matched = _finish(gen) if gen.finished else (None, None)
-    key, message = (
-        ("delta", {"content": text}) if stream else ("message", {"role": "assistant", "content": text})
-    )
-    message["reasoning_content"] = None
-    return {"index": index, key: message, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
 
 
 def _usage(gens: list[Generation]) -> dict[str, Any]:
@@ -161,7 +154,93 @@ def _usage(gens: list[Generation]) -> dict[str, Any]:
     }
 
 
-Choice = Callable[[Generation, int, str, bool], dict[str, Any]]
+class Flavor:
+    """How one OpenAI route shapes its answers; subclasses differ only where the two APIs differ."""
+
+    object_name: str
+    chunk_object: str
+    id_prefix: str
+
+    def __init__(self, return_token_ids: bool) -> None:
+        self.return_token_ids = return_token_ids
+
+    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def opening_choices(self, index: int) -> list[dict[str, Any]]:
+        return []
+
+    def closing_choices(self, gen: Generation, index: int) -> list[dict[str, Any]]:
+        return []
+
+
+class CompletionFlavor(Flavor):
+    object_name = chunk_object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def _choice(self, gen: Generation, index: int, text: str, token_ids: list[int]) -> dict[str, Any]:
+        finish, matched = _finish(gen)
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": matched,
+        }
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+        return choice
+
+    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
+        return self._choice(gen, index, gen.text, list(gen.output_ids))
+
+    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
+        return self._choice(gen, index, delta, token_ids)  # the finish reason rides on the last text chunk
+
+
+class ChatFlavor(Flavor):
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
+        finish, matched = _finish(gen)
+        message = {"role": "assistant", "content": gen.text, "reasoning_content": None}
+        choice = {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": matched,
+        }
+        if self.return_token_ids:
+            choice["response_token_ids"] = list(gen.output_ids)
+        return choice
+
+    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
+        return _chat_delta(index, {"content": delta, "reasoning_content": None})
+
+    def opening_choices(self, index: int) -> list[dict[str, Any]]:
+        return [_chat_delta(index, {"role": "assistant", "content": ""})]
+
+    def closing_choices(self, gen: Generation, index: int) -> list[dict[str, Any]]:
+        finish, matched = _finish(gen)  # SGLang sends the finish reason in a chunk of its own
+        return [_chat_delta(index, {}, finish, matched)]
+
+
+def _chat_delta(
+    index: int, delta: dict[str, Any], finish: str | None = None, matched: Any = None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": None,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
 
 
 async def _respond(
@@ -169,21 +248,22 @@ async def _respond(
     service: EngineService,
     req: SamplingFields,
     gens: list[Generation],
-    object_name: str,
-    id_prefix: str,
-    choice: Choice,
+    flavor: Flavor,
 ) -> Response:
     jobs = service.submit_all(gens)
-    header = {"id": id_prefix + gens[0].rid, "created": int(time.time()), "model": service.model_name}
+    # SGLang echoes the model the client named
+    header = {
+        "id": flavor.id_prefix + gens[0].rid,
+        "created": int(time.time()),
+        "model": req.model or service.model_name,
+    }
     if req.stream:
-        # chat chunks are "chat.completion.chunk"; completion chunks keep "text_completion"
-        chunk_object = object_name + ".chunk" if object_name == "chat.completion" else object_name
-        stream = _stream(service, req, gens, jobs, {**header, "object": chunk_object}, choice)
+        stream = _stream(service, req, gens, jobs, {**header, "object": flavor.chunk_object}, flavor)
         return StreamingResponse(stream, media_type="text/event-stream")
     if not await service.complete_all(gens, jobs, request):
         return Response(status_code=499)  # the client is gone: nobody reads this, it only ends the handler
-    choices = [choice(gen, i, gen.text, False) for i, gen in enumerate(gens)]
-    return JSONResponse({**header, "object": object_name, "choices": choices, "usage": _usage(gens)})
+    choices = [flavor.choice(gen, i) for i, gen in enumerate(gens)]
+    return JSONResponse({**header, "object": flavor.object_name, "choices": choices, "usage": _usage(gens)})
 
 
 async def _stream(
@@ -192,27 +272,26 @@ async def _stream(
     gens: list[Generation],
     jobs: list[Job],
     header: dict[str, Any],
-    choice: Choice,
+    flavor: Flavor,
 ) -> AsyncIterator[bytes]:
-    """Deltas, one chunk per engine step; usage on every chunk with continuous_usage_stats, else at the end."""
+    """One chunk per engine step (its text delta and tokens); usage on every chunk with continuous_usage_stats,
+    else once at the end with include_usage."""
     options = req.stream_options
     continuous = options is not None and options.continuous_usage_stats
+
+    def chunk(choices: list[dict[str, Any]], gen: Generation) -> bytes:
+        return sse({**header, "choices": choices, "usage": _usage([gen]) if continuous else None})
+
     try:
         for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
-            if header["object"] == "chat.completion.chunk":
-                role = {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                    "matched_stop": None,
-                }
-                yield sse({**header, "choices": [role], "usage": None})
+            for opening in flavor.opening_choices(i):
+                yield chunk([opening], gen)
             sent = ""
-            async for _ in service.follow(gen, job):
+            async for token_ids in service.follow(gen, job):
                 delta, sent = gen.text[len(sent) :], gen.text
-                usage = _usage([gen]) if continuous else None
-                yield sse({**header, "choices": [choice(gen, i, delta, True)], "usage": usage})
+                yield chunk([flavor.chunk_choice(gen, i, delta, token_ids)], gen)
+            for closing in flavor.closing_choices(gen, i):
+                yield chunk([closing], gen)
         if options is not None and options.include_usage:
             yield sse({**header, "choices": [], "usage": _usage(gens)})
     except EngineFailed as exc:
