@@ -139,6 +139,7 @@ def test_each_server_starts_once_ar_first_and_every_speculative_cell_is_paired(t
     assert control.starts == ["tp1-ar", "tp1-ddtree-b8", "tp1-ddtree-b16", "tp1-dflash"]
     assert control.running() == 0
     assert {s: v.status for s, v in state.servers.items()} == dict.fromkeys(control.starts, "complete")
+    assert state.servers["tp1-dflash"].complete_runs == ["tp1-dflash/custom"]
     assert finished_cells(out) == expected_cells(campaign, out)
     assert set(all_records(out).values()) == {1}
     for server in SERVERS[1:]:
@@ -167,6 +168,7 @@ def test_interrupted_campaign_resumes_only_the_missing_cells(tmp_path: Path) -> 
     state = read_state(out)
     assert state.servers["tp1-ar"].status == "complete"
     assert state.servers["tp1-dflash"].status == "interrupted"
+    assert state.servers["tp1-dflash"].complete_runs == []
     assert "tp1-ddtree-b8" not in state.servers
     dflash = RunDirectory(out / "runs" / "tp1-dflash" / "custom")
     assert dflash.finished_cells() == {"target/custom/dflash/c1/rep0"}

@@ -183,7 +183,8 @@ class CampaignRun:
             if state.status == "failed" and not retry_failed:
                 self.log(f"{where}: failed earlier ({state.error}); skipped (--retry-failed runs it again)")
                 continue
-            if not any(run.missing_cells() for run in runs):
+            state.complete_runs = [run.name for run in runs if not run.missing_cells()]
+            if len(state.complete_runs) == len(runs):
                 state.status = "complete"
                 self.save()
                 self.log(f"{where}: all cells finished")
@@ -218,6 +219,8 @@ class CampaignRun:
                 if run.missing_cells():
                     self.log(f"{where}: {run.dataset} -> {run.path}")
                     deployment = self.measure(server, state, run, deployment)
+                    state.complete_runs.append(run.name)
+                    self.save()
             state.status = "complete"
         except (ServerFailed, CellFailed) as exc:
             state.status, state.error = "failed", str(exc)

@@ -45,6 +45,7 @@ class ServerState(BaseModel):
     status: ServerStatus = "pending"
     starts: list[StartRecord] = Field(default_factory=list)
     deaths: list[Death] = Field(default_factory=list)
+    complete_runs: list[str] = Field(default_factory=list)  # "<server>/<dataset>", every cell finished
     failed_cells: list[str] = Field(default_factory=list)  # "<run>:<cell id>"
     error: str | None = None
 
