@@ -285,7 +285,7 @@ def test_dry_run_prints_the_ordered_starts_and_cells(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["campaign", str(example), "--dry-run", "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "5 server starts, 60 cells" in text
+    assert "5 server starts (docker launcher), 60 cells" in text
     starts = [
         text.index(f"start {s}:")
         for s in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b8", "tp8-ddtree-b16", "tp8-ddtree-b32")
@@ -301,3 +301,12 @@ def test_cpu_example_is_a_valid_small_campaign() -> None:
     example = load_campaign(Path(__file__).parent.parent / "examples" / "campaign-cpu-zoo.toml")
     assert [s.id for s in server_configs(example)] == ["tp1-ar", "tp1-dflash", "tp1-ddtree-b16"]
     assert example.num_prompts == 4 and example.max_new_tokens == 32 and example.concurrency == [1, 2]
+
+
+def test_a_launcher_that_cannot_run_the_plans_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(example.read_text().replace('launcher = "docker"', 'launcher = "reference"'))
+    result = CliRunner().invoke(app, ["campaign", str(wrong), "--dry-run", "--out", str(tmp_path / "c")])
+    assert result.exit_code != 0
+    assert "the reference launcher runs reference-engine plans" in str(result.exception)

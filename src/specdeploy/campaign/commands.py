@@ -16,13 +16,16 @@ from specdeploy.campaign.matrix import ServerConfig, bench_runs, server_configs
 from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
+from specdeploy.deploy.launchers import get_launcher
 from specdeploy.errors import SpecdeployError
 
 
-def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path) -> Tree:
+def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path, launcher: str) -> Tree:
     """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
     total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
-    tree = Tree(f"campaign {spec.name}: {len(servers)} server starts, {total} cells -> {out}")
+    tree = Tree(
+        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells -> {out}"
+    )
     for index, server in enumerate(servers, 1):
         branch = tree.add(f"{index}. start {server.id}: {server.plan.summary}")
         for run in bench_runs(spec, server, out):
@@ -81,11 +84,14 @@ def campaign(
     out = out or Path("runs") / f"campaign-{spec.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     console = Console()
     servers = server_configs(spec)
+    launcher = default_launcher(spec, servers[0].plan)
+    for server in servers:  # a launcher that cannot run these plans fails now, not at the first start
+        get_launcher(launcher).command(server.plan, out / "servers" / server.id)
     if dry_run:
-        console.print(plan_tree(spec, servers, out))
+        console.print(plan_tree(spec, servers, out, launcher))
         return
     control = DeployControl(
-        default_launcher(spec, servers[0].plan),
+        launcher,
         spec.health_timeout_s,
         spec.smoke,
         out / "servers",
