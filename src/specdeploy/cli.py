@@ -6,10 +6,11 @@ import sys
 
 import typer
 
+from specdeploy import demo
 from specdeploy.bench import commands as bench_commands
 from specdeploy.campaign import commands as campaign_commands
 from specdeploy.deploy import commands as deploy_commands
-from specdeploy.engine import generate_command
+from specdeploy.engine import generate_command, lab_command
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import commands as plan_commands
 from specdeploy.report import commands as report_commands
@@ -41,6 +42,8 @@ app.command("generate")(generate_command.generate)
 app.command("serve")(server_commands.serve)
 app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
+app.add_typer(lab_command.app, name="lab")
+app.command("demo")(demo.demo)
 deploy_commands.register(app)  # up, down, status, logs
 plan_commands.register(app)  # plan, recipes
 app.command("bench")(bench_commands.bench)
