@@ -310,3 +310,17 @@ def test_a_launcher_that_cannot_run_the_plans_is_refused_before_anything_starts(
     result = CliRunner().invoke(app, ["campaign", str(wrong), "--dry-run", "--out", str(tmp_path / "c")])
     assert result.exit_code != 0
     assert "the reference launcher runs reference-engine plans" in str(result.exception)
+
+
+def test_resume_from_another_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    campaign = spec(tmp_path, modes=["ar", "dflash"], ddtree_budgets=[])
+    monkeypatch.chdir(tmp_path)
+    interrupted = FakeControl(kill_on=lambda server, start: 1 if server == "tp1-dflash" else None)
+    run_campaign(campaign, Path("camp"), interrupted, log=lambda _: None)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    resumed = FakeControl()
+    state = run_campaign(
+        campaign, Path("../camp"), resumed, resume=True, retry_failed=True, log=lambda _: None
+    )
+    assert resumed.starts == ["tp1-dflash"] and state.servers["tp1-dflash"].status == "complete"

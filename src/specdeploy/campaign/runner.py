@@ -316,6 +316,7 @@ def run_campaign(
     progress: Progress | None = None,
 ) -> CampaignState:
     """Run (or resume) a campaign into `out`; returns its final state."""
+    out = out.resolve()  # run manifests name their baseline run by path: the same from any directory
     servers = server_configs(spec)  # every plan is made before anything starts: a bad one fails now
     campaign = CampaignRun(spec, out, control, open_campaign(spec, out, resume), log, progress)
     if resume:

@@ -142,7 +142,8 @@ def _resolve(value: str | None, base: Path, is_path: bool) -> str | None:
     """A relative path in the file is relative to the file, so a campaign runs from any directory."""
     if value is None or not is_path or Path(value).expanduser().is_absolute():
         return value
-    return str(base / value)
+    # Absolute, so that a resume from another working directory sees the same campaign.
+    return str(base.resolve() / value)
 
 
 def parse_campaign(data: dict[str, Any], base: Path, source: str) -> CampaignSpec:
