@@ -67,6 +67,7 @@ class EngineWorker:
         self._waiting = 0
         self._running = 0
         self._stopping = threading.Event()
+        self._exited = False  # set under the lock once the thread takes no more jobs
         self._idle = threading.Condition(self._lock)
         self.last_step_at = 0.0  # perf_counter of the latest step any job made, for /health_generate
         self._thread = threading.Thread(target=self._run, name="specdeploy-engine", daemon=True)
@@ -98,8 +99,11 @@ class EngineWorker:
                     "retry later or start the server with a larger --max-queued-requests.",
                     503,
                 )
+            if self._exited:
+                raise ApiError("The server is shutting down; send the request to another replica.", 503)
             self._waiting += 1
-        self._jobs.put(job)
+            # put under the lock: the worker cannot finish its last drain between the check and the put
+            self._jobs.put(job)
         return job
 
     def wait_idle(self, timeout: float) -> bool:
@@ -137,6 +141,8 @@ class EngineWorker:
                 with self._idle:
                     self._running -= 1
                     self._idle.notify_all()
+        with self._lock:
+            self._exited = True
         self._drain()
 
     def _decode(self, job: Job) -> None:
