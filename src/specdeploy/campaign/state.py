@@ -49,9 +49,6 @@ class ServerState(BaseModel):
     failed_cells: list[str] = Field(default_factory=list)  # "<run>:<cell id>"
     error: str | None = None
 
-    def deaths_in(self, run: str, cell: str) -> int:
-        return sum(1 for d in self.deaths if d.run == run and d.cell == cell)
-
 
 class CampaignState(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
