@@ -3,7 +3,8 @@
 Which cells are finished is not recorded here: each bench run directory's summary.json is the
 truth for that (it is written at once after every cell). The state adds what the run directories
 cannot know: which deployments were started (so a resume stops any left running), which server died
-during which cell (a cell gets one restart), and which cells and configurations failed.
+during which cell, and which cells and configurations failed. A cell gets one restart per execution:
+a resume is a fresh decision to try again, so deaths recorded here do not count against it.
 """
 
 from __future__ import annotations
