@@ -6,74 +6,23 @@ import random
 
 import pytest
 import torch
-from decode_helpers import HIDDEN, drafter_config
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+from hybrid_helpers import CONFIGS, VOCAB, write_drafter, write_target
+from transformers import Qwen3NextForCausalLM
 
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import DFlashDrafter, load_drafter, save_drafter
+from specdeploy.engine.drafter import load_drafter
 from specdeploy.engine.loading import load_target
 from specdeploy.engine.models.gated_delta_rule import RuleInputs, chunked_rule, tree_rule
 from specdeploy.engine.recurrent_state import conv_windows
 from specdeploy.engine.tree import DraftTree
 from specdeploy.errors import SpecdeployError
 
-VOCAB = 64
-SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=HIDDEN,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,  # two value heads per key head, as in the real models
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-    max_position_embeddings=512,
-    eos_token_id=VOCAB - 2,
-    bos_token_id=0,
-    pad_token_id=0,
-)
-CONFIGS = {
-    "qwen3_next": (Qwen3NextForCausalLM, Qwen3NextConfig(**SHAPE, mlp_only_layers=[0, 1, 2, 3])),
-    "qwen3_next_moe": (
-        Qwen3NextForCausalLM,
-        Qwen3NextConfig(
-            **SHAPE,
-            mlp_only_layers=[0],
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=16,
-        ),
-    ),
-    "qwen3_5": (Qwen3_5ForCausalLM, Qwen3_5TextConfig(**SHAPE)),
-}
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """Random checkpoints saved by transformers, every weight perturbed (norms start at 0 or 1 otherwise)."""
     root = tmp_path_factory.mktemp("hybrid")
-    paths = {}
-    for index, (name, (cls, config)) in enumerate(CONFIGS.items()):
-        torch.manual_seed(index)
-        model = cls(config)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.1)
-        paths[name] = root / name
-        model.save_pretrained(paths[name])
-    torch.manual_seed(100)
-    drafter = DFlashDrafter(drafter_config(VOCAB, block_size=8))
-    with torch.no_grad():
-        for p in drafter.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    paths["draft"] = root / "draft"
-    save_drafter(drafter, paths["draft"])
+    paths = {name: write_target(name, root / name, seed) for seed, name in enumerate(CONFIGS)}
+    paths["draft"] = write_drafter(root / "draft")
     return paths
 
 
