@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,9 @@ CASES = [
     ("POST", "/generate", {"text": "a", "sampling_params": {"stop": [1]}}, 400),
     ("POST", "/generate", {"text": "a", "sampling_params": {"stop_token_ids": [999]}}, 400),
     ("POST", "/generate", {"text": "a", "sampling_params": {"ignore_eos": "yes"}}, 400),
+    ("POST", "/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**64}}, 400),
+    ("POST", "/generate", {"text": "a", "sampling_params": {"temperature": float("nan")}}, 400),
+    ("POST", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 1e400}}, 400),
     ("POST", "/generate", {"text": "a", "sampling_params": {"frequency_penalty": 1.0}}, 400),
     ("POST", "/generate", {"text": "a", "sampling_params": {"warp_drive": 1}}, 400),
     ("POST", "/generate", {"text": ["a", "b"], "sampling_params": [OK_PARAMS]}, 400),
@@ -59,6 +63,7 @@ CASES = [
     ("POST", "/v1/completions", {"prompt": "a", "max_tokens": "many"}, 400),
     ("POST", "/v1/completions", {"prompt": "a", "temperature": "warm"}, 400),
     ("POST", "/v1/completions", {"prompt": "a", "n": 2}, 400),
+    ("POST", "/v1/completions", {"prompt": "a", "seed": -(2**70)}, 400),
     ("POST", "/v1/completions", {"prompt": "a", "logprobs": 3}, 400),
     ("POST", "/v1/completions", {"prompt": "a", "stream_options": {"include_usage": "please"}}, 400),
     ("POST", "/v1/completions", {"prompt": "a" * (CONTEXT + 10)}, 400),
@@ -91,10 +96,9 @@ def client(random_pair: tuple[Path, Path]):
 
 @pytest.mark.parametrize(("method", "path", "body", "status"), CASES)
 def test_bad_request_gets_a_4xx_error_body(client: httpx.Client, method, path, body, status) -> None:
-    if isinstance(body, bytes):
-        response = client.request(method, path, content=body, headers={"content-type": "application/json"})
-    else:
-        response = client.request(method, path, json=body)
+    # serialised here: NaN and Infinity are what Python's json (the server's parser) accepts, and httpx refuses
+    content = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    response = client.request(method, path, content=content, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()
     assert error["object"] == "error" and error["code"] == status

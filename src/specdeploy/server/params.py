@@ -100,6 +100,8 @@ def parse_sampling_params(
             f"{limits.max_context} tokens; ask for fewer.",
             param=max_tokens_field,
         )
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise ApiError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.", param="sampling_seed")
     if top_k == 0 or top_k < -1:
         raise ApiError(f"top_k must be -1 (disable) or at least 1, got {top_k}.", param="top_k")
     stop_token_ids = _token_ids(raw.get("stop_token_ids"), limits, "stop_token_ids")
