@@ -171,6 +171,18 @@ def test_crop_within_the_pending_chain_and_clear_errors(target):
         target(torch.tensor([[1, 2, 3]]), positions(6, 3), fresh_cache, sibling_sees_sibling)
 
 
+def test_crop_inside_a_chunked_prefill_replays_the_kept_tokens(target):
+    tokens = torch.randint(0, VOCAB, (1, 70), generator=torch.Generator().manual_seed(8))
+    cache = target.new_cache()
+    target(
+        tokens, positions(0, 70), cache
+    )  # long enough for the chunked form, which keeps no per-token state
+    cache.crop(66)
+    out = target(tokens[:, 66:70], positions(66, 4), cache).logits
+    fresh = target(tokens, positions(0, 70)).logits[:, 66:]
+    assert torch.allclose(out, fresh, atol=1e-4, rtol=0)
+
+
 def test_greedy_decoding_is_the_same_in_every_mode_and_equals_transformers(checkpoints):
     target, drafter = load_target(checkpoints["qwen3_next"]), load_drafter(checkpoints["draft"])
     prompt = [3, 17, 9, 41, 5, 22, 8, 30, 2]
