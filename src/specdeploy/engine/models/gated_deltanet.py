@@ -42,6 +42,12 @@ class GatedRMSNorm(nn.Module):
         return (x * F.silu(gate.float())).to(dtype)
 
 
+def path_conv(inputs: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu of the depthwise conv of each token's window: inputs [B, S, C], windows [T, width], weight [C, 1, width]."""
+    kernel = weight[:, 0].t().float()  # [width, channels]; tap 0 is the oldest input, as windows order them
+    return F.silu((inputs[:, windows].float() * kernel).sum(dim=2)).to(inputs.dtype)
+
+
 class GatedDeltaNet(nn.Module):
     """The shared body; subclasses say how the input projections are laid out in their checkpoints.
 
@@ -93,8 +99,7 @@ class GatedDeltaNet(nn.Module):
 
         conv_inputs = torch.cat([state.conv.to(mixed.dtype), mixed], dim=1)
         windows = conv_windows(parents, self.conv_width, x.device)
-        kernel = self.conv1d.weight[:, 0].t().float()  # [width, channels], oldest tap first
-        mixed = F.silu((conv_inputs[:, windows].float() * kernel).sum(dim=2)).to(x.dtype)
+        mixed = path_conv(conv_inputs, windows, self.conv1d.weight)
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
         decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         inputs = rule_inputs(
