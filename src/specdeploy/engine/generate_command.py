@@ -28,6 +28,7 @@ def generate(
     ignore_eos: Annotated[bool, typer.Option(help="Keep going past EOS.")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate from one prompt with the reference engine and print the text and decoding statistics."""
@@ -48,7 +49,7 @@ def generate(
         seed=seed,
         ignore_eos=ignore_eos,
     )
-    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype)
+    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
     prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
     result = engine.decoder.generate(prompt_ids, params)
     text = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -26,6 +26,7 @@ def serve(
         str | None, typer.Option(help="Model id in the API (default: target dir name).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
 ) -> None:
     """Serve the reference engine with SGLang's HTTP API (native /generate and OpenAI routes)."""
     from specdeploy.engine.runtime import load_engine
@@ -36,7 +37,7 @@ def serve(
     if max_queued_requests < 1:
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
     check_port_free(host, port)
-    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype)
+    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
     config = ServerConfig(max_queued_requests=max_queued_requests, served_model_name=served_model_name)
     serve_engine(engine, config, host, port, log_level)
 
