@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import httpx
@@ -108,4 +109,80 @@ def test_bad_request_gets_a_4xx_error_body(client: httpx.Client, method, path, b
 def test_server_still_serves_after_the_bad_requests(client: httpx.Client) -> None:
     response = client.post("/generate", json={"text": "hello", "sampling_params": OK_PARAMS})
     assert response.status_code == 200 and response.json()["meta_info"]["completion_tokens"] == 2
+    assert client.get("/health").status_code == 200
+
+
+ODD_VALUES = [
+    None,
+    True,
+    0,
+    -1,
+    2**70,
+    1.5,
+    float("nan"),
+    float("inf"),
+    "",
+    "x",
+    [],
+    [1],
+    [[1]],
+    {},
+    {"a": 1},
+    ["a", 1],
+]
+FIELDS = {
+    "/generate": ["text", "input_ids", "sampling_params", "stream", "rid"],
+    "/v1/completions": [
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+    ],
+    "/v1/chat/completions": [
+        "messages",
+        "model",
+        "max_tokens",
+        "chat_template_kwargs",
+        "stream",
+        "seed",
+        "stop",
+    ],
+}
+SAMPLING_FIELDS = [
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "sampling_seed",
+]
+VALID = {
+    "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+    "/v1/chat/completions": {"messages": CHAT, "max_tokens": 2},
+}
+
+
+def test_randomly_corrupted_requests_never_get_a_5xx(client: httpx.Client) -> None:
+    """A valid request with one to three fields set to odd values: either served (200) or refused (4xx)."""
+    rng = random.Random(0)
+    for _ in range(150):
+        for path, fields in FIELDS.items():
+            body = json.loads(json.dumps(VALID[path]))
+            for field in rng.sample(fields, rng.randint(1, 3)):
+                body[field] = rng.choice(ODD_VALUES)
+            if path == "/generate" and isinstance(body.get("sampling_params"), dict):
+                for field in rng.sample(SAMPLING_FIELDS, rng.randint(0, 2)):
+                    body["sampling_params"][field] = rng.choice(ODD_VALUES)
+            content = json.dumps(body).encode()
+            response = client.post(path, content=content, headers={"content-type": "application/json"})
+            assert response.status_code < 500, (path, body, response.text)
+            if response.status_code != 200:
+                assert response.json()["object"] == "error", response.text
     assert client.get("/health").status_code == 200
