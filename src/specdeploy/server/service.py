@@ -18,13 +18,10 @@ from specdeploy.server.stats import ServerStats
 from specdeploy.server.worker import EngineWorker, Job, JobFailed
 
 ENGINE_NAME = "specdeploy-reference"
-DISCONNECT_POLL_S = 0.25
-NO_STEP_YET = object()
-SPECULATIVE_ALGORITHMS = {
-    "ar": None,
-    "dflash": "DFLASH",
-    "ddtree": "DDTREE",
-}  # SGLang's --speculative-algorithm  # how often a non-streaming request checks that its client is still there
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+NO_STEP_YET = object()  # what waiting on a job yields when a poll period passes without a step
+# SGLang's --speculative-algorithm for each mode
+SPECULATIVE_ALGORITHMS = {"ar": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
 
 
 class ClientGone(Exception):

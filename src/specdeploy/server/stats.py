@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -14,7 +15,7 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 class ServerStats:
     """Counts finished requests; one registry per server so that several servers can live in one process."""
 
-    def __init__(self, queue_size, running) -> None:
+    def __init__(self, queue_size: Callable[[], int], running: Callable[[], int]) -> None:
         self._lock = threading.Lock()
         self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
         self._verify_steps = 0
