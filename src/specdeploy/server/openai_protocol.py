@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 from specdeploy.server.api_errors import ApiError
 
@@ -42,7 +42,7 @@ class SamplingFields(BaseModel):
     logprobs: Any = None
     response_format: Any = None
 
-    def unsupported(self) -> None:
+    def refuse_unsupported(self) -> None:
         """Refuse options that would change the output in ways this engine does not implement."""
         defaults = {
             "n": 1,
@@ -109,7 +109,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: StrictBool = False
-    tools: list[Any] | None = Field(default=None)
+    tools: list[Any] | None = None
 
     def max_output_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

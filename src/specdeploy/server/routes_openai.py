@@ -98,7 +98,7 @@ def _check_common(req: SamplingFields, service: EngineService) -> None:
             404,
             param="model",
         )
-    req.unsupported()
+    req.refuse_unsupported()
 
 
 def _completion_prompts(req: CompletionRequest, service: EngineService) -> list[list[int]]:
