@@ -124,6 +124,8 @@ def test_full_queue_answers_503_and_admitted_requests_complete(random_pair: tupl
 
     with running_server(random_pair, "ar", max_queued_requests=2) as url:
         responses = asyncio.run(burst(url))
+        too_big = httpx.post(url + "/generate", json={**body, "text": ["a", "b", "c"]}, timeout=60)
+    assert too_big.status_code == 413 and "can never fit" in too_big.json()["message"]
     statuses = sorted(r.status_code for r in responses)
     assert statuses.count(503) >= 1 and set(statuses) <= {200, 503}
     for response in responses:

@@ -65,6 +65,12 @@ class EngineService:
 
     def submit_all(self, gens: list[Generation]) -> list[Job]:
         """Queue a batch whole or not at all."""
+        if len(gens) > self.worker.max_queued:
+            raise ApiError(
+                f"A batch of {len(gens)} prompts can never fit the request queue "
+                f"({self.worker.max_queued}); split it or raise --max-queued-requests.",
+                413,
+            )
         jobs: list[Job] = []
         try:
             for gen in gens:
