@@ -236,3 +236,15 @@ def test_metrics_count_requests_and_tokens(client: httpx.Client) -> None:
     )
     assert sample(after, "sglang:num_queue_reqs") == 0
     assert "specdeploy:step_accept_length_bucket" in after and "sglang:spec_accept_length" in after
+
+
+def test_seeded_sampling_is_reproducible_streamed_or_not(client: httpx.Client) -> None:
+    sampled = {"temperature": 0.9, "top_p": 0.95, "top_k": 50, "sampling_seed": 1234}
+    first = generate(client, max_new_tokens=12, **sampled).json()["output_ids"]
+    again = generate(client, max_new_tokens=12, **sampled).json()["output_ids"]
+    streamed = sse_events(generate(client, max_new_tokens=12, stream=True, **sampled))[-1]["output_ids"]
+    assert first == again == streamed
+    other_seeds = [
+        generate(client, max_new_tokens=12, **{**sampled, "sampling_seed": s}).json() for s in (1, 2)
+    ]
+    assert any(o["output_ids"] != first for o in other_seeds)  # the seed reaches the sampler
