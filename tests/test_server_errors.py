@@ -110,6 +110,12 @@ def test_server_still_serves_after_the_bad_requests(client: httpx.Client) -> Non
     response = client.post("/generate", json={"text": "hello", "sampling_params": OK_PARAMS})
     assert response.status_code == 200 and response.json()["meta_info"]["completion_tokens"] == 2
     assert client.get("/health").status_code == 200
+    # without speculation, SGLang reports no speculative figures at all
+    assert "spec_verify_ct" not in response.json()["meta_info"]
+    info = client.get("/server_info").json()
+    assert (
+        info["speculative_algorithm"] is None and "avg_spec_accept_length" not in info["internal_states"][0]
+    )
 
 
 ODD_VALUES = [
