@@ -103,7 +103,10 @@ class Decoder:
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+            if params.seed is None:
+                generator.seed()  # a fresh nondeterministic seed, leaving torch's global RNG alone
+            else:
+                generator.manual_seed(params.seed)
         remaining = params.max_new_tokens
 
         def commit(tokens: list[int], verified: int) -> Step:
