@@ -47,16 +47,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def resolve_path(name_or_path: str) -> Path:
     """A local checkpoint directory, or a `zoo:NAME` model shipped with specdeploy."""
-    if name_or_path.startswith("zoo:"):
-        from specdeploy.zoo.registry import resolve_model_path
+    from specdeploy.zoo.registry import resolve_model_path
 
-        return Path(resolve_model_path(name_or_path))
-    path = Path(name_or_path).expanduser()
-    if not path.exists():
-        raise SpecdeployError(
-            f"model path {name_or_path} does not exist: give a checkpoint directory or zoo:NAME"
-        )
-    return path
+    return Path(resolve_model_path(name_or_path))
 
 
 def load_tokenizer(path: Path):
@@ -91,7 +84,9 @@ def load_engine(
     if mode not in MODES:
         raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     if mode != "ar" and draft is None:
-        raise SpecdeployError(f"mode {mode} needs a drafter: pass --draft PATH")
+        if not target.startswith("zoo:"):
+            raise SpecdeployError(f"mode {mode} needs a drafter: pass --draft PATH")
+        draft = f"{target.removesuffix('/target')}/draft"  # a zoo pair brings its own drafter
     if budget is not None and mode != "ddtree":
         raise SpecdeployError(f"--budget is the DDTree node budget; mode {mode} takes none")
     if mode == "ddtree" and budget is None:
