@@ -26,6 +26,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter, build_target_layer_ids, save_drafter
+from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.archive import archive_pair
 from specdeploy.zoo.checkpoint import bf16_state_dict, save_atomically
 from specdeploy.zoo.corpus import collect_corpus
@@ -240,11 +241,15 @@ def train_zoo(
     corpus_roots: list[Path] | None = None,
     parallel: bool = False,
     archive_dir: Path | None = None,
+    reuse_data: bool = False,
 ) -> None:
-    """Prepare the data once, then train each pair (side by side in processes when `parallel`)."""
+    """Prepare the data once (or reuse OUT's), then train each pair (side by side when `parallel`)."""
     for name in pairs:
         pair_spec(name)  # fail on a bad name before minutes of work
-    prepare_data(out, corpus_roots, settings, print)
+    if not reuse_data:
+        prepare_data(out, corpus_roots, settings, print)
+    elif not (out / "tokens" / "train.pt").is_file() or not (out / "tokenizer").is_dir():
+        raise SpecdeployError(f"--reuse-data: {out} holds no tokenizer and tokens from an earlier run")
     if not parallel:
         for name in pairs:
             train_pair(name, out, settings, archive_dir)

@@ -36,6 +36,7 @@ def train_command(
         None, help="Also write each pair as a tar split into parts (<= --archive-part-mb) after each save."
     ),
     archive_part_mb: int = typer.Option(15),
+    reuse_data: bool = typer.Option(False, help="Reuse the tokenizer and tokens already in --out."),
 ) -> None:
     """Train tokenizer, targets and DFlash drafters for the zoo's pairs, checkpointing as it goes."""
     from specdeploy.zoo.pipeline import TrainSettings, train_zoo
@@ -59,7 +60,7 @@ def train_command(
         checkpoint_every=checkpoint_every,
         archive_part_bytes=archive_part_mb << 20,
     )
-    train_zoo(out, pairs, settings, corpus or None, parallel, archive_dir)
+    train_zoo(out, pairs, settings, corpus or None, parallel, archive_dir, reuse_data)
 
 
 if __name__ == "__main__":
