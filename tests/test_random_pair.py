@@ -70,7 +70,7 @@ def test_kimi_like_pair_carries_yarn_to_the_drafter(tmp_path: Path) -> None:
     _, draft_dir = write_random_pair(tmp_path, "deepseek_v3", block_size=8)
     rope = json.loads((draft_dir / "config.json").read_text())["rope_scaling"]
     assert (rope["rope_type"], rope["mscale"], rope["mscale_all_dim"]) == ("yarn", 1.0, 1.0)
-    assert load_drafter(draft_dir).rotary.attention_factor == pytest.approx(1.1386, abs=1e-4)  # 0.1 ln 4 + 1
+    assert load_drafter(draft_dir).rotary.attention_scaling == pytest.approx(1.1386, abs=1e-4)  # 0.1 ln 4 + 1
 
 
 def test_same_seed_same_weights(tmp_path: Path) -> None:
