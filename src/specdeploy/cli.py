@@ -17,7 +17,9 @@ from specdeploy.report import commands as report_commands
 from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False)
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+)
 
 
 def fail(message: str) -> None:
