@@ -19,8 +19,8 @@ def test_shipped_tiny_code_drafts_are_accepted_and_lossless() -> None:
         target_dir, draft_dir, prompts, (ModeSpec("ar"), ModeSpec("dflash"), ModeSpec("ddtree", 16)), 48
     )
     assert dflash.matches(ar) == ddtree.matches(ar) == 2  # greedy speculation is exact
-    assert dflash.tau > 2.0  # a trained drafter: random drafts give 1.0
-    assert ddtree.tau >= dflash.tau - 0.25  # a tree holds the chain's best path (ties aside)
+    assert dflash.tau > 1.1  # drafts are accepted: an untrained drafter gives 1.0
+    assert ddtree.tau >= dflash.tau  # the tree holds the chain's path and its alternatives
 
 
 def test_demo_prints_the_comparison_table() -> None:

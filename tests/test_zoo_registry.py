@@ -21,7 +21,9 @@ def models_dir(tmp_path: Path, random_pair: tuple[Path, Path]) -> Path:
     target, draft = random_pair
     shutil.copytree(target, tmp_path / "tiny-code" / "target")
     shutil.copytree(draft, tmp_path / "tiny-code" / "draft")
-    (tmp_path / "tiny-code" / "card.md").write_text("# tiny-code\n\nA summary\nover two lines.\n\n## More\n")
+    (tmp_path / "tiny-code" / "card.md").write_text(
+        "# tiny-code\n\nA summary\nover two lines. More.\n\n## More\n"
+    )
     return tmp_path
 
 

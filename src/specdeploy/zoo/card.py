@@ -68,6 +68,8 @@ def render_card(pair: ZooPair, evaluation: Evaluation | None) -> str:
         f"- drafter: {draft.get('steps')} steps in {draft.get('seconds')} s, batch {settings.get('draft_batch')} x "
         f"{settings.get('blocks_per_sequence')} blocks; final loss {draft.get('final_train_loss')} "
         f"(slot weights exp(-(i-1)/{spec.loss_gamma}))",
+        *_memorisation_lines(log),
+        *_retrain_lines(log.get("draft_retrain")),
         f"- on {log.get('device')}, seed {settings.get('seed')}, Python {versions.get('python')}, torch "
         f"{versions.get('torch')}, transformers {versions.get('transformers')}; full log in `train_log.json`",
         "",
@@ -76,6 +78,32 @@ def render_card(pair: ZooPair, evaluation: Evaluation | None) -> str:
         *(_evaluation_lines(evaluation) if evaluation is not None else _no_evaluation_lines(draft)),
     ]
     return "\n".join(lines)
+
+
+def _memorisation_lines(log: dict) -> list[str]:
+    """A warning when the drafter saw its few rollouts many times over: it then memorises them."""
+    sequences = log.get("rollouts", {}).get("sequences") or 0
+    passes = (
+        (log.get("draft", {}).get("steps") or 0)
+        * log.get("settings", {}).get("draft_batch", 0)
+        / max(1, sequences)
+    )
+    if passes < 10:
+        return []
+    return [
+        f"- caution: the drafter saw each of its {sequences} rollouts about {passes:.0f} times and memorised them "
+        "(near-perfect training accuracy, low acceptance on new text); more rollouts would fix this"
+    ]
+
+
+def _retrain_lines(runs: list[dict] | None) -> list[str]:
+    return [
+        f"- drafter, continued: {run.get('steps')} steps in {run.get('seconds')} s on {run.get('device')}, "
+        f"batch {run.get('settings', {}).get('draft_batch')} x {run.get('settings', {}).get('blocks_per_sequence')} "
+        f"blocks of {run.get('data')}; final loss {run.get('final_train_loss')} (`zoo train --draft-only`, seed "
+        f"{run.get('settings', {}).get('seed')})"
+        for run in runs or []
+    ]
 
 
 def _evaluation_lines(evaluation: Evaluation) -> list[str]:

@@ -13,7 +13,7 @@ from specdeploy.zoo.registry import get_pair
 from specdeploy.zoo.table import mode_rows
 from specdeploy.zoo.tokenizer import load_tokenizer
 
-ENGINE_FAMILIES = ("qwen3", "deepseek_v3")  # target families the reference engine can decode
+ENGINE_FAMILIES = ("qwen3", "deepseek_v3", "qwen3_next")  # target families the reference engine can decode
 
 
 def engine_can_run(name: str) -> bool:

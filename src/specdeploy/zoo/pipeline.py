@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from specdeploy.engine.drafter import DFlashDrafter, build_target_layer_ids, save_drafter
+from specdeploy.engine.drafter import DFlashDrafter, build_target_layer_ids, load_drafter, save_drafter
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.archive import archive_pair
 from specdeploy.zoo.checkpoint import bf16_state_dict, save_atomically
@@ -35,7 +35,7 @@ from specdeploy.zoo.schedule import TrainBudget
 from specdeploy.zoo.specs import MAX_POSITIONS, VOCAB_SIZE, PairSpec, pair_spec, target_config
 from specdeploy.zoo.tokenizer import EOS_TOKEN, MASK_TOKEN, encode_documents, load_tokenizer, train_tokenizer
 from specdeploy.zoo.train_drafter import last_valid_positions, train_drafter
-from specdeploy.zoo.train_target import train_target
+from specdeploy.zoo.train_target import sample_windows, train_target
 
 
 @dataclass
@@ -214,11 +214,15 @@ def train_pair(
         )
         save_log_and_archive()
 
+    def rollout_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.randint(0, sequences.shape[0], (batch,), generator=generator)
+        return sequences[rows], last_valid[rows]
+
     draft_log = train_drafter(
         drafter,
         target,
-        sequences,
-        last_valid,
+        rollout_batch,
+        False,
         TrainBudget(settings.draft_steps, settings.draft_seconds, peak_lr=settings.draft_lr),
         settings.draft_batch,
         settings.blocks_per_sequence,
@@ -267,3 +271,66 @@ def train_zoo(
     failed = [name for name, worker in zip(pairs, workers, strict=True) if worker.exitcode != 0]
     if failed:
         raise RuntimeError(f"training failed for {', '.join(failed)}; see the log above")
+
+
+def retrain_drafter(pair_dir: Path, corpus_roots: list[Path] | None, settings: TrainSettings) -> dict:
+    """Continue training a pair's drafter against its frozen, already trained target on fresh corpus
+    windows, labelled with the target's greedy tokens; the log's `draft_retrain` list gains an entry."""
+    spec = pair_spec(pair_dir.name)
+
+    def say(message: str) -> None:
+        print(f"[{spec.name}] {message}", flush=True)
+
+    seed_everything(settings.seed)
+    device = torch.device(settings.device)
+    tokenizer = load_tokenizer(pair_dir / "target")
+    corpus = collect_corpus(corpus_roots, settings.max_files)
+    stream = encode_documents(tokenizer, corpus.texts("train")).to(device)
+    say(
+        f"corpus: Python {corpus.python_version}, {len(corpus.split('train'))} train files, {stream.numel():,} tokens"
+    )
+    target = AutoModelForCausalLM.from_pretrained(str(pair_dir / "target"), dtype=torch.float32).to(device)
+    drafter = load_drafter(pair_dir / "draft", device=device).train()
+    log = json.loads((pair_dir / "train_log.json").read_text())
+
+    def save_draft() -> None:
+        save_atomically(
+            pair_dir / "draft", lambda tmp: save_drafter(copy.deepcopy(drafter).to(torch.bfloat16), tmp)
+        )
+        (pair_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+
+    def window_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        windows = sample_windows(stream, batch, settings.seq_len, generator)
+        return windows, torch.full((batch,), settings.seq_len - 1)
+
+    draft_log = train_drafter(
+        drafter,
+        target,
+        window_batch,
+        True,
+        TrainBudget(settings.draft_steps, settings.draft_seconds, peak_lr=settings.draft_lr),
+        settings.draft_batch,
+        settings.blocks_per_sequence,
+        spec.loss_gamma,
+        settings.seed,
+        save_draft,
+        settings.checkpoint_every,
+        say=say,
+    )
+    log.setdefault("draft_retrain", []).append(
+        {
+            **draft_log.summary(),
+            "history": draft_log.history,
+            "data": f"{settings.seq_len}-token windows of the Python {corpus.python_version} corpus training split, "
+            "labelled with the target's greedy tokens",
+            "settings": asdict(settings),
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        }
+    )
+    save_draft()
+    return log

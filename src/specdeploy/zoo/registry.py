@@ -50,12 +50,12 @@ class ZooPair:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def card_summary(self) -> str:
-        """The card's first paragraph after its title, on one line."""
+        """The first sentence of the card's first paragraph after its title, on one line."""
         if not self.card_path.is_file():
             return ""
         paragraphs = self.card_path.read_text().split("\n\n")
         body = [p for p in paragraphs if p.strip() and not p.lstrip().startswith("#")]
-        return " ".join(body[0].split()) if body else ""
+        return " ".join(body[0].split()).split(". ")[0].rstrip(".") + "." if body else ""
 
 
 def zoo_pairs(models_dir: Path = MODELS_DIR) -> list[ZooPair]:

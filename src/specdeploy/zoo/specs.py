@@ -68,7 +68,7 @@ PAIRS: dict[str, PairSpec] = {
             draft_head_dim=64,
             draft_intermediate=512,
             loss_gamma=7.0,
-            engine_support="transformers only: the reference engine cannot run Gated DeltaNet layers yet",
+            engine_support="ar, dflash and ddtree (exact per-node recurrent state under tree verification)",
         ),
     )
 }

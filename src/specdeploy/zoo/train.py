@@ -37,9 +37,13 @@ def train_command(
     ),
     archive_part_mb: int = typer.Option(15),
     reuse_data: bool = typer.Option(False, help="Reuse the tokenizer and tokens already in --out."),
+    draft_only: bool = typer.Option(
+        False, help="Only continue training the drafters in --out/<pair> against their trained targets."
+    ),
+    draft_lr: float = typer.Option(2e-3),
 ) -> None:
     """Train tokenizer, targets and DFlash drafters for the zoo's pairs, checkpointing as it goes."""
-    from specdeploy.zoo.pipeline import TrainSettings, train_zoo
+    from specdeploy.zoo.pipeline import TrainSettings, retrain_drafter, train_zoo
 
     settings = TrainSettings(
         seed=seed,
@@ -57,9 +61,14 @@ def train_command(
         draft_steps=draft_steps,
         draft_seconds=draft_seconds,
         draft_batch=draft_batch,
+        draft_lr=draft_lr,
         checkpoint_every=checkpoint_every,
         archive_part_bytes=archive_part_mb << 20,
     )
+    if draft_only:
+        for name in pairs:
+            retrain_drafter(out / name, corpus or None, settings)
+        return
     train_zoo(out, pairs, settings, corpus or None, parallel, archive_dir, reuse_data)
 
 

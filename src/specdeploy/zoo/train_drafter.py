@@ -79,18 +79,30 @@ def make_blocks(
     )
 
 
-def target_features(target, sequences: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
-    """The concatenated hidden states after each of `layer_ids` (HF hidden_states[id + 1])."""
+def target_features(
+    target, sequences: torch.Tensor, layer_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The concatenated hidden states after each of `layer_ids` (HF hidden_states[id + 1]), and the target's
+    greedy choice for every position given the true prefix (position 0 keeps its own token)."""
     with torch.no_grad():
-        hidden = target(sequences, output_hidden_states=True).hidden_states
-    return torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
+        out = target(sequences, output_hidden_states=True)
+    greedy = torch.cat([sequences[:, :1], out.logits[:, :-1].argmax(-1)], dim=1)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), greedy
 
 
 def drafter_loss(
-    drafter, target, sequences: torch.Tensor, blocks: BlockBatch
+    drafter, target, sequences: torch.Tensor, blocks: BlockBatch, target_labels: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy over masked slots, and per-slot top-1 accuracy (for the log)."""
-    context = target_features(target, sequences, list(drafter.target_layer_ids))
+    """Weighted cross-entropy over masked slots, and per-slot top-1 accuracy (for the log).
+
+    With `target_labels`, slot i learns the target's greedy token at anchor+i (given the true prefix)
+    instead of the text's own token: what verification accepts at temperature 0.
+    """
+    context, greedy = target_features(target, sequences, list(drafter.target_layer_ids))
+    if target_labels:
+        block_positions = blocks.positions[:, sequences.shape[1] :]
+        labels = torch.where(blocks.labels == IGNORE, IGNORE, greedy.gather(1, block_positions))
+        blocks = BlockBatch(blocks.block_ids, blocks.positions, blocks.attention_mask, labels, blocks.weights)
     noise = target.get_input_embeddings()(blocks.block_ids) * getattr(drafter, "input_embedding_scale", 1.0)
     hidden = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
     logits = drafter.compute_logits(hidden, target.get_output_embeddings()).float()
@@ -105,8 +117,8 @@ def drafter_loss(
 def train_drafter(
     drafter: torch.nn.Module,
     target: torch.nn.Module,
-    sequences: torch.Tensor,
-    last_valid: torch.Tensor,
+    next_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]],
+    target_labels: bool,
     budget: TrainBudget,
     batch: int,
     num_blocks: int,
@@ -117,7 +129,10 @@ def train_drafter(
     log_every: int = 50,
     say: Callable[[str], None] = print,
 ) -> TrainLog:
-    """Train `drafter` (its embedding and head are the frozen target's) on rows of `sequences`."""
+    """Train `drafter` (its embedding and head are the frozen target's) on batches from `next_batch`.
+
+    `next_batch(batch, generator)` gives token rows [batch, S] and each row's last position worth predicting.
+    """
     device = next(drafter.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     target.requires_grad_(False)
@@ -137,13 +152,13 @@ def train_drafter(
     while not budget.done(log.steps):
         for group in optimizer.param_groups:
             group["lr"] = budget.learning_rate(log.steps)
-        rows = torch.randint(0, sequences.shape[0], (batch,), generator=generator)
-        seqs = sequences[rows].to(device).long()
+        seqs, last_valid = next_batch(batch, generator)
+        seqs = seqs.to(device).long()
         blocks = make_blocks(
-            seqs, last_valid[rows].to(device), num_blocks, block_size, drafter.mask_token_id, gamma, generator
+            seqs, last_valid.to(device), num_blocks, block_size, drafter.mask_token_id, gamma, generator
         )
         with autocast(device):
-            loss, correct = drafter_loss(drafter, target, seqs, blocks)
+            loss, correct = drafter_loss(drafter, target, seqs, blocks, target_labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
