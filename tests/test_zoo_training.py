@@ -17,7 +17,13 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.corpus import collect_corpus, is_held_out
 from specdeploy.zoo.pipeline import TrainSettings, drafter_config, train_zoo
 from specdeploy.zoo.specs import pair_spec, target_config
-from specdeploy.zoo.train_drafter import IGNORE, last_valid_positions, make_blocks, target_features
+from specdeploy.zoo.train_drafter import (
+    IGNORE,
+    drafter_loss,
+    last_valid_positions,
+    make_blocks,
+    target_features,
+)
 
 CODE = "def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, item):\n        self.item = item\n"
 
@@ -92,7 +98,7 @@ def test_training_forward_equals_decode_time_forward_for_every_block() -> None:
     drafter = DFlashDrafter(drafter_config(spec, cfg, mask_token_id=1, scale=0.25)).eval()
     sequences = torch.randint(2, cfg.vocab_size, (2, 64))
     blocks = make_blocks(sequences, torch.tensor([63, 63]), 3, 16, 1, 7.0, torch.Generator().manual_seed(1))
-    context = target_features(target, sequences, drafter.target_layer_ids)
+    context, _ = target_features(target, sequences, drafter.target_layer_ids)
     noise = target.get_input_embeddings()(blocks.block_ids)
     with torch.no_grad():
         trained = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
@@ -151,3 +157,20 @@ def test_unknown_pair_fails_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(SpecdeployError, match="unknown zoo pair 'tiny-gpt'"):
         train_zoo(tmp_path, ["tiny-gpt"], TrainSettings())
     assert not any(tmp_path.iterdir())
+
+
+def test_target_labels_are_the_targets_greedy_tokens() -> None:
+    torch.manual_seed(0)
+    spec = pair_spec("tiny-mla")
+    cfg = target_config(spec, eos_token_id=0, scale=0.25)
+    target = AutoModelForCausalLM.from_config(cfg).eval()
+    drafter = DFlashDrafter(drafter_config(spec, cfg, mask_token_id=1, scale=0.25))
+    sequences = torch.randint(2, cfg.vocab_size, (1, 40))
+    blocks = make_blocks(sequences, torch.tensor([39]), 2, 8, 1, 4.0, torch.Generator().manual_seed(0))
+    _, greedy = target_features(target, sequences, drafter.target_layer_ids)
+    with torch.no_grad():
+        expected = target(sequences).logits.argmax(-1)
+    assert torch.equal(greedy[:, 1:], expected[:, :-1])  # position p holds the choice made at p - 1
+    _, text_correct = drafter_loss(drafter, target, sequences, blocks)
+    _, target_correct = drafter_loss(drafter, target, sequences, blocks, target_labels=True)
+    assert text_correct.shape == target_correct.shape
