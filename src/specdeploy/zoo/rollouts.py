@@ -48,6 +48,6 @@ def greedy_rollouts(
         padded = torch.full((batch, prompt_len + new_tokens), eos_token_id, dtype=torch.int32)
         padded[:, : out.shape[1]] = out.to("cpu", torch.int32)
         rows.append(padded)
-        say(f"rollouts: {len(rows) * batch} sequences in {time.monotonic() - started:.0f}s")
+    say(f"rollouts: {len(rows) * batch} sequences in {time.monotonic() - started:.0f}s")
     target.train()
     return torch.cat(rows)
