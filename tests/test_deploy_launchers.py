@@ -121,5 +121,13 @@ def test_stop_escalates_to_sigkill_and_covers_the_process_group(tmp_path):
     assert launcher.is_running(handle)
     launcher.stop(handle, grace_s=0.5)
     assert not launcher.is_running(handle)
+    # The killed `sleep` child lingers as a zombie until its new parent reaps it: allow a busy machine time.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(handle.process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
     with pytest.raises(ProcessLookupError):
         os.killpg(handle.process.pid, 0)  # the `sleep` child is gone too
