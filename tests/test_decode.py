@@ -60,8 +60,8 @@ class PathOracleDecoder(Decoder):
         super().__init__(*args, **kwargs)
         self.truth, self.prompt_len = truth, prompt_len
 
-    def _draft(self, root, prefix, context, draft_cache):
-        super()._draft(root, prefix, context, draft_cache)
+    def _draft(self, root, prefix, context, draft_cache, *sampling):
+        super()._draft(root, prefix, context, draft_cache, *sampling)
         assert draft_cache.length == prefix
         done = prefix - self.prompt_len + 1  # tokens committed so far, the root included
         path = self.truth[done : done + 6]
@@ -76,7 +76,7 @@ class PathOracleDecoder(Decoder):
             parents.append(len(tokens) - 2)
             depths.append(depth + 1)
             parent = len(tokens) - 1  # the true token's node
-        return DraftTree(tokens, parents, depths)
+        return DraftTree(tokens, parents, depths), None
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -157,8 +157,13 @@ SAMPLING = [
 
 @pytest.mark.parametrize(
     "mode,budget,params",
-    [("dflash", None, SAMPLING[0]), ("ddtree", 8, SAMPLING[0]), ("ddtree", 8, SAMPLING[1])],
-    ids=["dflash-t1", "ddtree-t1", "ddtree-t0.7-topk3-topp0.9"],
+    [
+        ("dflash", None, SAMPLING[0]),
+        ("dflash", None, SAMPLING[1]),
+        ("ddtree", 8, SAMPLING[0]),
+        ("ddtree", 8, SAMPLING[1]),
+    ],
+    ids=["dflash-t1", "dflash-t0.7-topk3-topp0.9", "ddtree-t1", "ddtree-t0.7-topk3-topp0.9"],
 )
 def test_sampling_is_lossless(small_vocab_pair, mode, budget, params):
     target, drafter = small_vocab_pair
@@ -217,15 +222,27 @@ def test_decoder_rejects_bad_configurations(pairs):
         SamplingParams(top_p=0)
 
 
-def test_a_seed_gives_the_same_sample_in_every_mode(small_vocab_pair):
-    """The accept walk draws one target sample per committed token, in order, so modes share a seed's stream."""
+def test_a_seed_gives_the_same_sample_in_ar_and_ddtree(small_vocab_pair):
+    """The tree walk draws one target sample per committed token, in order, so ar and ddtree share a seed's
+    stream (the DFlash chain at T > 0 uses rejection sampling, which draws differently)."""
     target, drafter = small_vocab_pair
-    decoders = [
-        Decoder(target, mode="ar"),
-        Decoder(target, drafter, "dflash"),
-        Decoder(target, drafter, "ddtree", 8),
-    ]
+    ar, ddtree = Decoder(target, mode="ar"), Decoder(target, drafter, "ddtree", 8)
     for seed in range(20):
         params = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=seed)
-        outputs = [decoder.generate([1, 2, 3], params).token_ids for decoder in decoders]
-        assert outputs[0] == outputs[1] == outputs[2], seed
+        assert ar.generate([1, 2, 3], params).token_ids == ddtree.generate([1, 2, 3], params).token_ids, seed
+
+
+def test_rejection_sampling_accepts_more_than_matching_samples(small_vocab_pair, monkeypatch):
+    """On the same chains, rejection sampling commits more tokens per step than the sample-and-match walk."""
+    target, drafter = small_vocab_pair
+    params = [SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=s) for s in range(30)]
+    rejection = [Decoder(target, drafter, "dflash").generate([1, 2, 3], p).tau for p in params]
+    monkeypatch.setattr(
+        decode_module,
+        "accept_chain",
+        lambda tree, q, logits, p, g: decode_module.accept_path(
+            tree, lambda i: decode_module.next_token(logits[i], p, g)
+        ),
+    )
+    matching = [Decoder(target, drafter, "dflash").generate([1, 2, 3], p).tau for p in params]
+    assert sum(rejection) / len(rejection) > sum(matching) / len(matching)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdeploy.engine.sampling import SamplingParams, next_token
+from specdeploy.engine.sampling import SamplingParams, next_token, sampling_probs
 from specdeploy.engine.tree import DraftTree, accept_path, best_first_tree, chain_tree
 from specdeploy.errors import SpecdeployError
 
@@ -134,10 +134,15 @@ class Decoder:
         yield step
         while step.finish_reason is None:
             prefix = cache.length
-            tree = self._draft(root, prefix, context, draft_cache)
+            tree, draft_probs = self._draft(root, prefix, context, draft_cache, params, generator)
             out = self._verify(root, tree, cache)
             logits = out.logits[0]
-            path, bonus = accept_path(tree, lambda i, logits=logits: next_token(logits[i], params, generator))
+            if draft_probs is not None:
+                path, bonus = accept_chain(tree, draft_probs, logits, params, generator)
+            else:
+                path, bonus = accept_path(
+                    tree, lambda i, logits=logits: next_token(logits[i], params, generator)
+                )
             kept = torch.cat([torch.arange(prefix), prefix + torch.tensor(path)])
             cache.keep(kept)  # the tree's accepted path becomes the committed prefix
             if out.hidden is not None:
@@ -147,10 +152,21 @@ class Decoder:
             step = commit(accepted + [bonus], tree.size + 1)
             yield step
 
-    def _draft(self, root: int, prefix: int, context: torch.Tensor | None, draft_cache) -> DraftTree:
-        """Draft from one drafter pass over [root, MASK x (B-1)] at positions prefix..prefix+B-1."""
+    def _draft(
+        self,
+        root: int,
+        prefix: int,
+        context: torch.Tensor | None,
+        draft_cache,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[DraftTree, torch.Tensor | None]:
+        """Draft from one drafter pass over [root, MASK x (B-1)] at positions prefix..prefix+B-1.
+
+        Returns the tree and, for a sampled DFlash chain, the distributions its tokens were drawn from.
+        """
         if self.drafter is None:
-            return DraftTree(tokens=[], parents=[], depths=[])
+            return DraftTree(tokens=[], parents=[], depths=[]), None
         drafter = self.drafter
         block = torch.full((1, drafter.block_size), drafter.mask_token_id, device=self.device)
         block[0, 0] = root
@@ -159,9 +175,13 @@ class Decoder:
         positions = torch.arange(prefix - ctx_len, prefix + drafter.block_size, device=self.device)[None]
         hidden = drafter(noise, context, positions, draft_cache)
         logits = drafter.compute_logits(hidden[:, 1:], self.target.lm_head)[0]
-        if self.mode == "dflash":
-            return chain_tree(torch.argmax(logits, dim=-1).tolist())
-        return best_first_tree(torch.log_softmax(logits.float(), dim=-1), self.budget)
+        if self.mode == "ddtree":
+            return best_first_tree(torch.log_softmax(logits.float(), dim=-1), self.budget), None
+        if params.greedy:
+            return chain_tree(torch.argmax(logits, dim=-1).tolist()), None
+        # At T > 0 the chain is sampled from the drafter so that rejection sampling can accept it.
+        probs = sampling_probs(logits, params)
+        return chain_tree(torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()), probs
 
     def _verify(self, root: int, tree: DraftTree, cache):
         """One target forward over [root + nodes]: each sees the committed prefix and its own ancestors."""
@@ -171,3 +191,34 @@ class Decoder:
         visible_prefix = torch.ones(tree.size + 1, prefix, dtype=torch.bool, device=self.device)
         mask = torch.cat([visible_prefix, tree.ancestor_mask(self.device)], dim=1)[None]
         return self.target(ids, positions, cache, mask, hidden_layer_ids=self.feature_layers)
+
+
+def accept_chain(
+    tree: DraftTree,
+    draft_probs: torch.Tensor,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """Speculative rejection sampling along a sampled chain: lossless, and accepts more than matching samples.
+
+    Draft token d at depth i (drawn from q_i) is kept with probability min(1, p_i(d) / q_i(d)); the first
+    rejection draws the bonus from the residual max(p_i - q_i, 0), and a fully accepted chain draws it from
+    the target's distribution after the last node.
+    """
+    path = [0]
+    for node, token in enumerate(tree.tokens, start=1):
+        p = sampling_probs(logits[node - 1], params)
+        q = draft_probs[node - 1]
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[token] <= p[token]:
+            path.append(node)
+            continue
+        residual = (p - q).clamp(min=0)
+        total = residual.sum()
+        # p == q on the support up to rounding: the residual vanishes, and sampling p itself is exact.
+        residual = residual / total if total > 0 else p
+        return path, int(torch.multinomial(residual, 1, generator=generator))
+    return path, int(
+        torch.multinomial(sampling_probs(logits[len(tree.tokens)], params), 1, generator=generator)
+    )
