@@ -10,9 +10,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specdeploy.bench.display import selftest_table, speedup_table, summary_table
+from specdeploy.bench.display import cell_progress, selftest_table, speedup_table, summary_table
 from specdeploy.bench.fakeserver import StreamPlan
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
@@ -133,15 +132,7 @@ def bench(
     )
     out = out or Path("runs") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     console = Console(stderr=json_output)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(cell: str, done: int, planned: int | None) -> None:
-            if cell not in tasks:
-                tasks[cell] = bar.add_task(cell, total=planned)
-            bar.update(tasks[cell], completed=done)
-
+    with cell_progress(console) as progress:
         summary = run(config, out, resume=resume, progress=progress)
     if json_output:
         typer.echo(summary.model_dump_json(by_alias=True, indent=2))

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specdeploy.bench.results import CellSummary, Comparison, Distribution, RunSummary
@@ -102,3 +107,18 @@ def selftest_table(results: list[LevelResult]) -> Table:
             _dist(r.itl_error_ms),
         )
     return table
+
+
+@contextmanager
+def cell_progress(console: Console) -> Iterator[Callable[[str, int, int | None], None]]:
+    """A Rich progress display with one bar per cell; yields the runner's `progress(cell, done, planned)`."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(cell: str, done: int, planned: int | None) -> None:
+            if cell not in tasks:
+                tasks[cell] = bar.add_task(cell, total=planned)
+            bar.update(tasks[cell], completed=done)
+
+        yield progress

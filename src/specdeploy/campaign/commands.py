@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree
 
+from specdeploy.bench.display import cell_progress
 from specdeploy.campaign.matrix import ServerConfig, bench_runs, server_configs
 from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
@@ -97,15 +97,7 @@ def campaign(
         out / "servers",
         Console(stderr=True),
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(cell: str, done: int, planned: int | None) -> None:
-            if cell not in tasks:
-                tasks[cell] = bar.add_task(cell, total=planned)
-            bar.update(tasks[cell], completed=done)
-
+    with cell_progress(console) as progress:
         state = run_campaign(
             spec, out, control, resume=resume, retry_failed=retry_failed, log=console.print, progress=progress
         )
