@@ -85,8 +85,8 @@ def test_matches_dflash_step_by_step(variant: str, tmp_path: Path) -> None:
     drafter = random_drafter(VARIANTS[variant])
     oracle = oracle_from(drafter, tmp_path)
     lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
-    ours, theirs = drafter.new_cache(), _make_cache(oracle.config)
     batch, start = 2, 0
+    ours, theirs = drafter.new_cache(batch), _make_cache(oracle.config)
     for ctx_len, crop_to in STEPS:
         if crop_to is not None:
             ours.crop(crop_to)

@@ -8,13 +8,13 @@ import pytest
 import torch
 from hybrid_helpers import CONFIGS, VOCAB, write_drafter, write_target
 from transformers import Qwen3NextForCausalLM
+from tree_oracle import DraftTree
 
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.drafter import load_drafter
 from specdeploy.engine.loading import load_target
 from specdeploy.engine.models.gated_delta_rule import RuleInputs, chunked_rule, tree_rule
 from specdeploy.engine.recurrent_state import conv_windows
-from specdeploy.engine.tree import DraftTree
 from specdeploy.errors import SpecdeployError
 
 

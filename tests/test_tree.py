@@ -1,20 +1,13 @@
+"""Device draft trees against independent oracles: brute-force enumeration, the DDTree heap, a host walk."""
+
 import itertools
-import math
+import random
 
+import pytest
 import torch
+from tree_oracle import DraftTree, accept_path, heap_best_first_tree, tree_from_batch
 
-from specdeploy.engine.tree import DraftTree, accept_path, best_first_tree, chain_tree
-
-
-def paths_of(tree: DraftTree) -> set[tuple[int, ...]]:
-    paths = []
-    for node in range(1, tree.size + 1):
-        path, i = [], node
-        while i:
-            path.append(tree.tokens[i - 1])
-            i = tree.parents[i - 1]
-        paths.append(tuple(reversed(path)))
-    return set(paths)
+from specdeploy.engine.tree import ancestor_matrix, best_first_tree, chain_tree, walk
 
 
 def brute_force_best(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
@@ -27,45 +20,96 @@ def brute_force_best(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]
     return {prefix for _, prefix in scored[:budget]}
 
 
+def device_tree(logprobs: torch.Tensor, budget: int) -> DraftTree:
+    return tree_from_batch(best_first_tree(torch.tensor([7]), logprobs[None], budget))
+
+
+def assert_well_formed(tree: DraftTree) -> None:
+    for node, (parent, depth) in enumerate(zip(tree.parents, tree.depths, strict=True), start=1):
+        assert parent < node
+        assert depth == (tree.depths[parent - 1] + 1 if parent else 1)
+
+
 def test_best_first_tree_keeps_the_highest_probability_prefixes():
     gen = torch.Generator().manual_seed(0)
     for budget in (1, 3, 7, 20, 40):
         logprobs = torch.log_softmax(torch.randn(4, 5, generator=gen) * 2, dim=-1)
-        tree = best_first_tree(logprobs, budget)
+        tree = device_tree(logprobs, budget)
         assert tree.size == budget
-        assert paths_of(tree) == brute_force_best(logprobs, budget)
-        # parents precede children and depths are consistent
-        for node, (parent, depth) in enumerate(zip(tree.parents, tree.depths, strict=True), start=1):
-            assert parent < node
-            assert depth == (tree.depths[parent - 1] + 1 if parent else 1)
+        assert tree.paths() == brute_force_best(logprobs, budget)
+        assert tree.paths() == heap_best_first_tree(logprobs, budget).paths()
+        assert_well_formed(tree)
 
 
-def test_best_first_tree_is_capped_by_the_number_of_prefixes():
+def test_best_first_tree_matches_the_heap_on_a_realistic_shape():
+    gen = torch.Generator().manual_seed(1)
+    for budget in (16, 64, 256):
+        logprobs = torch.log_softmax(torch.randn(15, 3000, generator=gen) * 3, dim=-1)
+        tree = device_tree(logprobs, budget)
+        assert tree.paths() == heap_best_first_tree(logprobs, budget).paths()
+        assert_well_formed(tree)
+
+
+def test_ties_keep_the_tree_prefix_closed():
+    """A confident drafter's log q is exactly 0 in float32 at many depths: parents must still come first."""
+    logprobs = torch.full((6, 10), -1e4)
+    logprobs[:, 0] = 0.0
+    logprobs[2, 1] = 0.0  # two exact ties at depth 3
+    for budget in (3, 6, 9):
+        tree = device_tree(logprobs, budget)
+        assert_well_formed(tree)
+        assert len(tree.paths()) == budget
+        expected = heap_best_first_tree(logprobs, budget)
+        scores = [sum(float(logprobs[d, t]) for d, t in enumerate(p)) for p in tree.paths()]
+        reference = [sum(float(logprobs[d, t]) for d, t in enumerate(p)) for p in expected.paths()]
+        assert sorted(scores) == sorted(reference)
+
+
+def test_best_first_tree_pads_when_there_are_fewer_prefixes_than_the_budget():
     logprobs = torch.log_softmax(torch.randn(2, 3), dim=-1)
-    assert best_first_tree(logprobs, 100).size == 3 + 9
+    batch = best_first_tree(torch.tensor([1]), logprobs[None], 20)
+    assert batch.size == 20 and int(batch.valid.sum()) == 1 + 3 + 9
+    assert tree_from_batch(batch).paths() == brute_force_best(logprobs, 12)
 
 
-def test_ancestor_mask_sees_exactly_self_and_ancestors():
+def test_ancestor_matrix_sees_exactly_self_and_ancestors():
     tree = DraftTree(tokens=[5, 6, 7, 8], parents=[0, 0, 1, 3], depths=[1, 1, 2, 3])
-    mask = tree.ancestor_mask()
-    expected = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 3, 4}}
-    for i, visible in expected.items():
-        assert set(torch.nonzero(mask[i]).flatten().tolist()) == visible
+    got = ancestor_matrix(torch.tensor([[0, *tree.parents]]), depth_limit=3)[0]
+    assert torch.equal(got, tree.ancestor_mask())
 
 
-def test_accept_path_walks_matching_children_and_returns_the_bonus():
-    tree = DraftTree(tokens=[5, 6, 7, 8], parents=[0, 0, 1, 3], depths=[1, 1, 2, 3])
-    target = {0: 5, 1: 7, 3: 9}
+@pytest.mark.parametrize("seed", range(20))
+def test_walk_agrees_with_the_host_walk_on_random_trees(seed: int):
+    rng = random.Random(seed)
+    tokens, parents, depths = [], [], []
+    for node in range(1, 13):
+        parent = rng.randrange(0, node)
+        siblings = {t for t, p in zip(tokens, parents, strict=True) if p == parent}
+        tokens.append(rng.choice([t for t in range(6) if t not in siblings] or [99]))
+        parents.append(parent)
+        depths.append(depths[parent - 1] + 1 if parent else 1)
+    tree = DraftTree(tokens, parents, depths)
+    depth_limit = max(depths)
+    target = [rng.randrange(6) for _ in range(tree.size + 1)]
     path, bonus = accept_path(tree, target.__getitem__)
-    assert path == [0, 1, 3] and bonus == 9
-    path, bonus = accept_path(tree, {0: 6, 2: 1}.__getitem__)
-    assert path == [0, 2] and bonus == 1
-    path, bonus = accept_path(chain_tree([]), {0: 4}.__getitem__)
-    assert path == [0] and bonus == 4
+    got = walk(tree.batch(9, depth_limit), torch.tensor([target]), depth_limit)
+    assert got.length.item() == len(path) and got.bonus.item() == bonus
+    assert got.path[0, : len(path)].tolist() == path
 
 
-def test_chain_tree_is_a_single_path():
-    tree = chain_tree([3, 1, 4])
-    assert tree.parents == [0, 1, 2] and tree.depths == [1, 2, 3]
-    assert paths_of(tree) == {(3,), (3, 1), (3, 1, 4)}
-    assert math.isclose(float(tree.ancestor_mask().sum()), 1 + 2 + 3 + 4)
+def test_walk_over_a_chain_and_an_empty_tree():
+    chain = chain_tree(torch.tensor([4]), torch.tensor([[3, 1, 4]]))
+    got = walk(chain, torch.tensor([[3, 1, 5, 9]]), depth_limit=3)
+    assert got.path.tolist() == [[0, 1, 2, 0]] and got.length.item() == 3 and got.bonus.item() == 5
+    empty = chain_tree(torch.tensor([4]), torch.zeros(1, 0, dtype=torch.long))
+    got = walk(empty, torch.tensor([[8]]), depth_limit=0)
+    assert got.length.item() == 1 and got.bonus.item() == 8
+
+
+def test_padding_nodes_are_never_accepted():
+    logprobs = torch.log_softmax(torch.tensor([[0.0, 5.0]]), dim=-1)  # one depth, two tokens
+    tree = best_first_tree(torch.tensor([0]), logprobs[None], 4)  # two real nodes, two padding
+    target = torch.zeros(1, 5, dtype=torch.long)  # token 0 everywhere: a padding node also holds token 0
+    got = walk(tree, target, depth_limit=1)
+    assert got.length.item() == 2 and tree.tokens[0, got.path[0, 1]].item() == 0
+    assert bool(tree.valid[0, got.path[0, 1]])

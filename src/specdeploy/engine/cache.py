@@ -1,65 +1,147 @@
-"""Per-layer caches for one batch of sequences: grown by append, cut back or compacted after verification.
+"""Static caches: preallocated per-slot buffers (keys/values, or MLA latents) written in place.
 
-Every tensor is laid out [batch, seq, ...]; attention layers keep (key, value) or any other per-position
-tensors they need (MLA keeps its compressed latent). `keep` gathers along the sequence axis, which is how
-a verified tree is compacted to its accepted path. A layer whose state is not per-position (a recurrent
-layer) stores a `CacheEntry` instead, which keeps and crops itself.
+Layers whose entries have the same shape share one tensor [layers, batch, capacity, *entry], so moving the
+accepted path of a verified tree into place is one gather and one scatter over all layers together. Slot s
+of a row holds position s once committed: a verify step writes its tree tokens at slots prefix..prefix+T-1
+and `move` brings the accepted path's entries down to prefix, prefix+1, ... The last slot is scratch, where
+padding entries of a move land. A recurrent layer keeps its own `RecurrentState` in `recurrent`.
+
+`length` counts committed positions of every row; callers that track lengths on the device (the decoding
+steps) keep it in step after each host synchronisation.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
+from specdeploy.errors import SpecdeployError
 
-class CacheEntry(Protocol):
-    """A layer's cache entry that is not a tuple of per-position tensors, such as a recurrent state."""
+if TYPE_CHECKING:
+    from specdeploy.engine.recurrent_state import RecurrentState
+
+EntryShape = tuple[
+    tuple[int, ...], ...
+]  # per-slot shapes of one layer's cached tensors, e.g. ((8, 128), (8, 128))
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class StaticCache:
+    def __init__(
+        self,
+        entry_shapes: list[EntryShape | None],
+        batch: int,
+        capacity: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        with_positions: bool = False,
+    ) -> None:
+        """`entry_shapes[i]` is layer i's per-slot tensors, or None for a layer that caches no slots."""
+        if capacity < 2:
+            raise SpecdeployError(f"a cache needs at least 2 slots (one is scratch), got {capacity}")
+        self.batch, self.capacity = batch, capacity
+        self.device, self.dtype = torch.device(device), dtype
+        self.entry_shapes = entry_shapes
+        self.length = 0
+        self.recurrent: dict[int, RecurrentState] = {}
+        groups: dict[EntryShape, list[int]] = {}
+        for layer, shapes in enumerate(entry_shapes):
+            if shapes is not None:
+                groups.setdefault(shapes, []).append(layer)
+        # layer -> (group tensors, index of the layer inside them)
+        self._where: dict[int, tuple[list[torch.Tensor], int]] = {}
+        self.groups: list[list[torch.Tensor]] = []
+        for shapes, layers in groups.items():
+            tensors = [
+                torch.zeros(len(layers), batch, capacity, *shape, device=self.device, dtype=dtype)
+                for shape in shapes
+            ]
+            self.groups.append(tensors)
+            for index, layer in enumerate(layers):
+                self._where[layer] = (tensors, index)
+        # Position held by each slot, for rules that compare query and key positions (sliding windows).
+        self.positions = (
+            torch.zeros(batch, capacity, dtype=torch.long, device=self.device) if with_positions else None
+        )
 
     @property
-    def length(self) -> int: ...
-
-    def keep(self, positions: torch.Tensor) -> None: ...
-
-    def crop(self, length: int) -> None: ...
-
-
-class KVCache:
-    def __init__(self, num_layers: int) -> None:
-        self.layers: list[tuple[torch.Tensor, ...] | CacheEntry | None] = [None] * num_layers
+    def scratch_slot(self) -> int:
+        return self.capacity - 1
 
     @property
-    def length(self) -> int:
-        """Cached positions (equal for every filled layer)."""
-        for entry in self.layers:
-            if isinstance(entry, tuple):
-                return entry[0].shape[1]
-            if entry is not None:
-                return entry.length
-        return 0
+    def usable(self) -> int:
+        """Slots a sequence may fill: all but the scratch slot."""
+        return self.capacity - 1
 
-    def append(self, layer: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Append new positions to `layer` and return everything cached there, old and new."""
-        old = self.layers[layer]
-        if old is not None:
-            tensors = tuple(torch.cat([o, t], dim=1) for o, t in zip(old, tensors, strict=True))
-        self.layers[layer] = tensors
-        return tensors
+    def entry(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """Layer `layer`'s tensors, each [batch, capacity, *entry]."""
+        tensors, index = self._where[layer]
+        return tuple(t[index] for t in tensors)
+
+    def write(
+        self, layer: int, flat_slots: torch.Tensor, window: int, *values: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Store `values` [batch, T, *entry] at `flat_slots` (row * capacity + slot, [batch * T]) and return
+        each tensor's first `window` slots [batch, window, *entry], new entries included."""
+        out = []
+        for buffer, value in zip(self.entry(layer), values, strict=True):
+            buffer.view(-1, *buffer.shape[2:]).index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]))
+            out.append(buffer[:, :window])
+        return tuple(out)
+
+    def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """Copy every layer's entries at slots `source` to slots `dest` (both [batch, P]); all reads come first,
+        so the two may overlap. Pad both with `scratch_slot` where a row has fewer entries to move."""
+        rows = torch.arange(self.batch, device=source.device)[:, None] * self.capacity
+        source, dest = (source + rows).flatten(), (dest + rows).flatten()
+        for tensors in self.groups:
+            for tensor in tensors:
+                flat = tensor.view(tensor.shape[0], -1, *tensor.shape[3:])
+                flat.index_copy_(1, dest, flat.index_select(1, source))
+        if self.positions is not None:
+            flat = self.positions.view(-1)
+            flat.index_copy_(0, dest, flat.index_select(0, source))
 
     def keep(self, positions: torch.Tensor) -> None:
-        """Keep only `positions` (a 1-D index over the cached sequence, in the new order) in every layer."""
-        positions = positions.to(torch.long)
-        for i, entry in enumerate(self.layers):
-            if isinstance(entry, tuple):
-                index = positions.to(entry[0].device)
-                self.layers[i] = tuple(t.index_select(1, index) for t in entry)
-            elif entry is not None:
-                entry.keep(positions)
+        """Keep only `positions` (a 1-D index over the committed and pending slots, in order) in every row."""
+        kept = positions.to(torch.long).cpu()
+        same = kept == torch.arange(len(kept))
+        moved = int(same.long().cumprod(0).sum())  # the leading run that already sits in place
+        if moved < len(kept):
+            source = kept[moved:].to(self.device)
+            dest = torch.arange(moved, len(kept), device=self.device)
+            self.move(source.expand(self.batch, -1), dest.expand(self.batch, -1))
+        for state in self.recurrent.values():
+            state.keep(kept)
+        self.length = len(kept)
 
     def crop(self, length: int) -> None:
         """Drop every position at or after `length`."""
-        for i, entry in enumerate(self.layers):
-            if isinstance(entry, tuple):
-                self.layers[i] = tuple(t[:, :length] for t in entry)
-            elif entry is not None:
-                entry.crop(length)
+        for state in self.recurrent.values():
+            state.crop(length)
+        self.length = min(self.length, length)
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate with room for `capacity` slots, keeping every entry."""
+        if capacity <= self.capacity:
+            return
+        for tensors in self.groups:
+            for i, tensor in enumerate(tensors):
+                bigger = tensor.new_zeros(*tensor.shape[:2], capacity, *tensor.shape[3:])
+                bigger[:, :, : self.capacity - 1] = tensor[:, :, : self.capacity - 1]
+                tensor.data = bigger  # the group lists and _where share these tensor objects
+                tensors[i] = tensor
+        if self.positions is not None:
+            bigger = self.positions.new_zeros(self.batch, capacity)
+            bigger[:, : self.capacity - 1] = self.positions[:, : self.capacity - 1]
+            self.positions = bigger
+        self.capacity = capacity
+
+    def ensure(self, needed: int) -> None:
+        """Grow (doubling, at least) so that `needed` positions fit beside the scratch slot."""
+        if needed > self.usable:
+            self.grow(round_up(max(needed + 1, 2 * self.capacity), 64))

@@ -9,6 +9,7 @@ committed context's keys/values; the block's keys/values are used once and never
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,10 +21,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from torch.nn import functional as F
-from transformers.activations import ACT2FN
 
-from specdeploy.engine.cache import KVCache
-from specdeploy.engine.models.layers import RMSNorm, RotaryEmbedding, rope_parameters, rotate_half
+from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch
+from specdeploy.engine.models.layers import (
+    DecoderLayer,
+    MergedLinear,
+    RMSNorm,
+    SwiGLU,
+    attend,
+    load_checkpoint_state,
+)
+from specdeploy.engine.models.rope import Rope, RotaryEmbedding, apply_rope, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -154,8 +163,8 @@ def read_drafter_spec(config: dict[str, Any]) -> DrafterSpec:
     if unknown_types:
         raise SpecdeployError(f"drafter layer_types {sorted(unknown_types)} are not supported")
     hidden_act = config.get("hidden_act", "silu")
-    if hidden_act not in ACT2FN:
-        raise SpecdeployError(f"drafter hidden_act {hidden_act!r} is unknown")
+    if hidden_act != "silu":
+        raise SpecdeployError(f"drafter hidden_act {hidden_act!r} is not supported: DFlash drafters use silu")
     is_causal = config.get("is_causal")
     return DrafterSpec(
         hidden_size=hidden_size,
@@ -178,96 +187,60 @@ def read_drafter_spec(config: dict[str, Any]) -> DrafterSpec:
     )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, S, heads, head_dim], cos/sin [B, S, head_dim] -> x rotated by its positions' angles."""
-    cos, sin = cos[:, :, None], sin[:, :, None]
-    return x * cos + rotate_half(x) * sin
-
-
-class DraftMLP(nn.Module):
-    def __init__(self, spec: DrafterSpec) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
-        self.act = ACT2FN[spec.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+def flat_slots(slots: torch.Tensor, capacity: int) -> torch.Tensor:
+    """row * capacity + slot for slots [B, T], flattened: the index `StaticCache.write` takes."""
+    rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+    return (slots + rows * capacity).flatten()
 
 
 class DraftAttention(nn.Module):
-    """Queries from the block; keys/values from [cached context, new context, block]."""
+    """Queries from the block; keys/values from the cached context (written by `write_context`) and the block."""
 
     def __init__(self, spec: DrafterSpec, layer: int) -> None:
         super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        bias = spec.attention_bias
-        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * spec.head_dim, bias=bias)
-        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
-        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=bias)
-        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
-        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
-
-    def _keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        batch, length, _ = x.shape
-        key = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim))
-        value = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        return apply_rotary(key, cos, sin), value
-
-    def forward(
-        self,
-        block: torch.Tensor,
-        context: torch.Tensor,
-        context_positions: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache | None,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        batch, length, _ = block.shape
-        ctx_len = context.shape[1]
-        cos, sin = rope
-        query = self.q_norm(self.q_proj(block).view(batch, length, self.num_heads, self.head_dim))
-        query = apply_rotary(query, cos[:, ctx_len:], sin[:, ctx_len:])
-        block_key, block_value = self._keys_values(block, cos[:, ctx_len:], sin[:, ctx_len:])
-        ctx_key, ctx_value = self._keys_values(context, cos[:, :ctx_len], sin[:, :ctx_len])
-        if cache is not None:
-            # Positions travel with the keys, so window rules stay right after the cache is compacted.
-            ctx_key, ctx_value, _ = cache.append(self.layer, ctx_key, ctx_value, context_positions)
-        key = torch.cat([ctx_key, block_key], dim=1).transpose(1, 2)
-        value = torch.cat([ctx_value, block_value], dim=1).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            query.transpose(1, 2),
-            key,
-            value,
-            attn_mask=mask,
-            scale=self.head_dim**-0.5,
-            enable_gqa=self.num_heads != self.num_kv_heads,
+        self.layer_idx = layer
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        dim = spec.head_dim
+        self.qkv_proj = MergedLinear(
+            spec.hidden_size,
+            {
+                "q_proj": spec.num_heads * dim,
+                "k_proj": spec.num_kv_heads * dim,
+                "v_proj": spec.num_kv_heads * dim,
+            },
+            spec.attention_bias,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        self.o_proj = nn.Linear(spec.num_heads * dim, spec.hidden_size, bias=spec.attention_bias)
+        self.q_norm = RMSNorm(dim, spec.rms_norm_eps)
+        self.k_norm = RMSNorm(dim, spec.rms_norm_eps)
 
+    def cache_entry(self) -> EntryShape:
+        return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
 
-class DraftLayer(nn.Module):
-    def __init__(self, spec: DrafterSpec, layer: int) -> None:
-        super().__init__()
-        self.self_attn = DraftAttention(spec, layer)
-        self.mlp = DraftMLP(spec)
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+    def _keys_values(
+        self, x: torch.Tensor, proj: torch.Tensor, rope: Rope
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, tokens, _ = x.shape
+        k, v = proj.view(b, tokens, 2 * self.kv_heads, self.head_dim).split(self.kv_heads, dim=2)
+        return apply_rope(self.k_norm(k), rope), v
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor,
-        context_positions: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache | None,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, context_positions, rope, cache, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def write_context(
+        self, projected: torch.Tensor, rope: Rope, slots: torch.Tensor, cache: StaticCache
+    ) -> None:
+        """Store the keys/values of projected context features [B, C, H] at flat `slots`."""
+        query_size = self.heads * self.head_dim
+        bias = self.qkv_proj.bias[query_size:] if self.qkv_proj.bias is not None else None
+        kv = F.linear(projected, self.qkv_proj.weight[query_size:], bias)
+        cache.write(self.layer_idx, slots, 0, *self._keys_values(projected, kv, rope))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        b, tokens, _ = x.shape
+        q, kv = self.qkv_proj(x).split([self.heads * self.head_dim, 2 * self.kv_heads * self.head_dim], -1)
+        q = apply_rope(self.q_norm(q.view(b, tokens, self.heads, self.head_dim)), batch.rope)
+        keys, values = cache.write(
+            self.layer_idx, batch.flat_slots, batch.window, *self._keys_values(x, kv, batch.rope)
+        )
+        return self.o_proj(attend(q, keys, values, batch, self.head_dim**-0.5))
 
 
 def layer_visibility(
@@ -299,7 +272,11 @@ class DFlashDrafter(nn.Module):
         self.output_multiplier = float(_draft_value(config, "output_multiplier", 1.0))
         softcap = _draft_value(config, "final_logit_softcapping")
         self.final_logit_softcapping = float(softcap) if softcap else None
-        self.layers = nn.ModuleList(DraftLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(DraftAttention(spec, i), SwiGLU(spec.hidden_size, spec.intermediate_size),
+                         spec.hidden_size, spec.rms_norm_eps)
+            for i in range(spec.num_layers)
+        )  # fmt: skip
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.fc = nn.Linear(len(spec.target_layer_ids) * spec.hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -321,40 +298,85 @@ class DFlashDrafter(nn.Module):
             for kind in spec.layer_types
         ]
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.layers))
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> StaticCache:
+        entries = [layer.mixer.cache_entry() for layer in self.layers]
+        weight = self.fc.weight
+        return StaticCache(entries, batch, capacity, weight.device, weight.dtype, with_positions=True)
+
+    def write_context(
+        self, context: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cache: StaticCache
+    ) -> None:
+        """Project target features `context` [B, C, K*H] of `positions` [B, C] and store every layer's keys and
+        values for them at `slots` [B, C]."""
+        projected = self.hidden_norm(self.fc(context))
+        rope = self.rotary(positions, projected.dtype)
+        flat = flat_slots(slots, cache.capacity)
+        cache.positions.view(-1).index_copy_(0, flat, positions.reshape(-1))
+        for layer in self.layers:
+            layer.mixer.write_context(projected, rope, flat, cache)
+
+    def draft(self, noise_embedding: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        """Hidden states [B, L, H] (after the final norm) of the block `noise_embedding` [B, L, H], whose keys and
+        values `batch` writes; `batch.visible` says which slots it may see before each layer's own rule."""
+        cache.positions.view(-1).index_copy_(
+            0, batch.flat_slots, batch.positions.expand_as(batch.slots).reshape(-1)
+        )
+        batch.rope = self.rotary(batch.positions, noise_embedding.dtype)
+        key_positions = cache.positions[:, : batch.window]
+        batches = {rule: self._rule_batch(rule, batch, key_positions) for rule in set(self.layer_rules)}
+        x, residual = noise_embedding, None
+        for layer, rule in zip(self.layers, self.layer_rules, strict=True):
+            x, residual = layer(x, residual, batches[rule], cache)
+        return self.norm(x, residual)[0]
+
+    @staticmethod
+    def _rule_batch(
+        rule: tuple[bool, int | None], batch: ForwardBatch, key_positions: torch.Tensor
+    ) -> ForwardBatch:
+        is_causal, window = rule
+        if not is_causal and window is None:
+            return batch
+        visible = batch.visible & layer_visibility(batch.positions, key_positions, is_causal, window)
+        return dataclasses.replace(batch, visible=visible, _bias={})
 
     def forward(
         self,
         noise_embedding: torch.Tensor,
         context: torch.Tensor,
         position_ids: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: StaticCache | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Draft hidden states [B, L, H] (after the final norm) for the block `noise_embedding` [B, L, H].
 
         `context` [B, C, K*H]: raw target features of C newly committed positions (C may be 0); their
-        keys/values are appended to `cache`. `position_ids` [B, C+L]: the context's positions, then the
-        block's. `attention_mask` [B or 1, L, cached + C + L] bool replaces the default visibility (the block
-        sees every context key and itself, non-causally); layer causality and sliding windows still apply.
+        keys/values are appended to `cache` (a temporary one when None). `position_ids` [B|1, C+L]: the
+        context's positions, then the block's. `attention_mask` [B or 1, L, cached + C + L] bool replaces the
+        default visibility (the block sees every context key and itself, non-causally); layer causality and
+        sliding windows still apply.
         """
-        batch, ctx_len = noise_embedding.shape[0], context.shape[1]
+        batch_size, length = noise_embedding.shape[:2]
+        ctx_len = context.shape[1]
+        if cache is None:
+            cache = self.new_cache(batch_size, ctx_len + length + 1)
         self._check_inputs(noise_embedding, context, position_ids, cache, attention_mask)
-        position_ids = position_ids.expand(batch, -1)
-        context_positions = position_ids[:, :ctx_len]
-        cached_positions = self._cached_positions(cache, batch, position_ids)
-        key_positions = torch.cat([cached_positions, position_ids], dim=1)
-        masks = {
-            rule: self._attention_mask(rule, position_ids[:, ctx_len:], key_positions, attention_mask)
-            for rule in set(self.layer_rules)
-        }
-        rope = self.rotary(position_ids, noise_embedding.dtype)
-        projected = self.hidden_norm(self.fc(context))
-        hidden = noise_embedding
-        for layer, rule in zip(self.layers, self.layer_rules, strict=True):
-            hidden = layer(hidden, projected, context_positions, rope, cache, masks[rule])
-        return self.norm(hidden)
+        if cache.batch != batch_size:
+            raise SpecdeployError(f"the cache holds {cache.batch} rows, the input {batch_size}")
+        cached = cache.length
+        cache.ensure(cached + ctx_len + length)
+        device = noise_embedding.device
+        positions = position_ids.expand(batch_size, -1)
+        slots = (cached + torch.arange(ctx_len + length, device=device)).expand(batch_size, -1)
+        self.write_context(context, positions[:, :ctx_len], slots[:, :ctx_len], cache)
+        used = cached + ctx_len + length
+        window = min(cache.capacity, -(-used // 64) * 64)
+        visible = torch.zeros(1 if attention_mask is None else attention_mask.shape[0], length, window,
+                              dtype=torch.bool, device=device)  # fmt: skip
+        visible[..., :used] = True if attention_mask is None else attention_mask.to(torch.bool)
+        batch = ForwardBatch(positions[:, ctx_len:], slots[:, ctx_len:], visible, cache.capacity)
+        hidden = self.draft(noise_embedding, batch, cache)
+        cache.length = cached + ctx_len
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits in float32 through the target's LM head, with the drafter's multiplier and softcap."""
@@ -395,7 +417,7 @@ class DFlashDrafter(nn.Module):
         noise_embedding: torch.Tensor,
         context: torch.Tensor,
         position_ids: torch.Tensor,
-        cache: KVCache | None,
+        cache: StaticCache,
         attention_mask: torch.Tensor | None,
     ) -> None:
         _, length, hidden = noise_embedding.shape
@@ -411,34 +433,11 @@ class DFlashDrafter(nn.Module):
                 f"position_ids cover {position_ids.shape[-1]} positions, expected C+L={expected}"
             )
         if attention_mask is not None:
-            keys = (cache.length if cache is not None else 0) + expected
+            keys = cache.length + expected
             if attention_mask.dim() != 3 or attention_mask.shape[1:] != (length, keys):
                 raise SpecdeployError(
                     f"attention_mask must be [B or 1, {length}, {keys}] bool, got {list(attention_mask.shape)}"
                 )
-
-    @staticmethod
-    def _cached_positions(cache: KVCache | None, batch: int, position_ids: torch.Tensor) -> torch.Tensor:
-        entry = cache.layers[0] if cache is not None else None
-        if entry is None:
-            return position_ids.new_zeros(batch, 0)
-        return entry[2]
-
-    @staticmethod
-    def _attention_mask(
-        rule: tuple[bool, int | None],
-        query_positions: torch.Tensor,
-        key_positions: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """[B, 1, L, S] bool for SDPA, or None when every key is visible (the fast path)."""
-        is_causal, window = rule
-        if attention_mask is None and not is_causal and window is None:
-            return None
-        visible = layer_visibility(query_positions, key_positions, is_causal, window)
-        if attention_mask is not None:
-            visible = visible & attention_mask.to(torch.bool)
-        return visible[:, None]
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -512,7 +511,7 @@ def load_drafter(
     with torch.device("meta"):
         drafter = DFlashDrafter(config)
     _check_weights(drafter, weights, path)
-    drafter.load_state_dict(weights, assign=True)
+    load_checkpoint_state(drafter, weights)
     return drafter.to(device).eval()
 
 

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from specdeploy.engine.models.base import TargetConfig, TargetModel
 from specdeploy.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from specdeploy.engine.models.layers import load_checkpoint_state
 from specdeploy.engine.models.qwen3 import Qwen3ForCausalLM
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from specdeploy.engine.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
@@ -73,7 +74,7 @@ def load_target(
         ) from None
     device = torch.device(device)
     # Not strict: read_weights has checked every name and shape, and a tied lm_head is not stored.
-    model.load_state_dict(read_weights(root, prefix, model, device, dtype), strict=False, assign=True)
+    load_checkpoint_state(model, read_weights(root, prefix, model, device, dtype), strict=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(device).eval().requires_grad_(False)

@@ -24,19 +24,13 @@ def chain_parents(tokens: int) -> list[int]:
     return list(range(-1, tokens - 1))
 
 
-def tree_parents(visible: torch.Tensor, cached: int) -> list[int]:
-    """Parent of each new token (-1: the committed prefix) from a [B|1, T, cached + T] visibility mask.
+def tree_parents(new_visible: torch.Tensor) -> list[int]:
+    """Parent of each new token (-1: the committed prefix) from their visibility among themselves [B|1, T, T].
 
-    The new tokens must see the whole committed prefix, and each must see exactly itself and its
-    ancestors: anything else has no meaning for a recurrent state.
+    Each must see exactly itself and its ancestors: anything else has no meaning for a recurrent state.
     """
-    prefix, new = visible[..., :cached], visible[..., cached:]
-    if not bool(prefix.all()):
-        raise SpecdeployError(
-            "a recurrent layer cannot hide committed tokens: new tokens must attend to the whole cached prefix"
-        )
-    tree = new[0]
-    if new.shape[0] > 1 and not bool((new == tree).all()):
+    tree = new_visible[0]
+    if new_visible.shape[0] > 1 and not bool((new_visible == tree).all()):
         raise SpecdeployError(
             "recurrent layers need one token tree for the whole batch: give a [1, T, S] mask"
         )

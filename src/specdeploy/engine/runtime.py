@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from specdeploy.engine.decode import MODES, Decoder
+from specdeploy.engine.decode import Decoder, check_mode
 from specdeploy.errors import SpecdeployError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,18 +81,9 @@ def load_engine(
     from specdeploy.engine.drafter import load_drafter
     from specdeploy.engine.loading import load_target
 
-    if mode not in MODES:
-        raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
-    if mode != "ar" and draft is None:
-        if not target.startswith("zoo:"):
-            raise SpecdeployError(f"mode {mode} needs a drafter: pass --draft PATH")
+    if mode != "ar" and draft is None and target.startswith("zoo:"):
         draft = f"{target.removesuffix('/target')}/draft"  # a zoo pair brings its own drafter
-    if budget is not None and mode != "ddtree":
-        raise SpecdeployError(f"--budget is the DDTree node budget; mode {mode} takes none")
-    if mode == "ddtree" and budget is None:
-        raise SpecdeployError("mode ddtree needs --budget N (draft tree nodes per step, e.g. 32)")
-    if budget is not None and budget < 1:
-        raise SpecdeployError(f"--budget must be at least 1, got {budget}")
+    check_mode(mode, draft is not None, budget)
     torch_device = resolve_device(device)
     if torch_device.type == "cpu":
         set_cpu_threads(threads)

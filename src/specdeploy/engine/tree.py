@@ -1,106 +1,144 @@
-"""Draft trees: the DDTree best-first construction, chains as the one-branch case, masks, and the accept walk.
+"""Draft trees as batched, fixed-shape device tensors: DFlash chains, DDTree's best prefixes, the accept walk.
 
 A tree of N nodes is verified as N+1 tokens: index 0 is the root (the last committed token, whose successor
-is not yet known) and node i (1..N) sits at index i, after its parent, at position prefix + depth.
+is not yet known) and node i (1..N) sits at index i, after its parent, at position prefix + depth. Nothing
+here synchronises with the host, so a decoding step can be captured as a CUDA graph.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import torch
 
 
 @dataclass
-class DraftTree:
-    tokens: list[int]  # token of node i at tokens[i-1]
-    parents: list[int]  # parent index (0 = root) of node i at parents[i-1]; always < i
-    depths: list[int]  # depth of node i at depths[i-1]; the root has depth 0
+class TreeBatch:
+    tokens: torch.Tensor  # [B, N+1] token at each index; index 0 is the root
+    parents: torch.Tensor  # [B, N+1] parent index; the root is its own parent
+    depths: torch.Tensor  # [B, N+1] the root has depth 0
+    valid: torch.Tensor  # [B, N+1] bool; False for padding (never accepted, sees only itself and the root)
+    ancestors: torch.Tensor  # [B, N+1, N+1] bool: (i, j) when j is i itself or one of its ancestors
 
     @property
     def size(self) -> int:
-        return len(self.tokens)
+        return self.tokens.shape[1] - 1
 
-    def children(self) -> list[dict[int, int]]:
-        """For every index 0..N, a map token -> child index."""
-        kids: list[dict[int, int]] = [{} for _ in range(self.size + 1)]
-        for node, (token, parent) in enumerate(zip(self.tokens, self.parents, strict=True), start=1):
-            kids[parent].setdefault(token, node)
-        return kids
+    def copy_(self, other: TreeBatch) -> None:
+        for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+            getattr(self, name).copy_(getattr(other, name))
 
-    def ancestor_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """[N+1, N+1] bool: entry (i, j) is True when j is i itself or one of its ancestors."""
-        n = self.size + 1
-        mask = torch.eye(n, dtype=torch.bool)
-        for node, parent in enumerate(self.parents, start=1):
-            mask[node] |= mask[parent]  # parents come first, so their rows are already complete
-        return mask.to(device)
+    @staticmethod
+    def empty(batch: int, size: int, device: torch.device) -> TreeBatch:
+        index = torch.zeros(batch, size + 1, dtype=torch.long, device=device)
+        return TreeBatch(
+            tokens=index.clone(),
+            parents=index.clone(),
+            depths=index.clone(),
+            valid=torch.zeros(batch, size + 1, dtype=torch.bool, device=device),
+            ancestors=torch.zeros(batch, size + 1, size + 1, dtype=torch.bool, device=device),
+        )
 
 
-def chain_tree(tokens: list[int]) -> DraftTree:
-    """A DFlash block: one path, node i child of node i-1."""
-    return DraftTree(
-        tokens=list(tokens), parents=list(range(len(tokens))), depths=list(range(1, len(tokens) + 1))
+def ancestor_matrix(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
+    """[B, N+1, N+1] ancestor-or-self relation from parents [B, N+1] of trees at most `depth_limit` deep."""
+    size = parents.shape[1]
+    eye = torch.eye(size, dtype=torch.bool, device=parents.device).expand(parents.shape[0], -1, -1)
+    ancestors = eye
+    gather = parents[:, :, None].expand(-1, -1, size)
+    for _ in range(depth_limit):  # each round adds one more generation of ancestors
+        ancestors = eye | ancestors.gather(1, gather)
+    return ancestors
+
+
+def chain_tree(root: torch.Tensor, tokens: torch.Tensor) -> TreeBatch:
+    """A DFlash block [root, tokens...] as one path: node i is the child of node i - 1."""
+    batch, length = tokens.shape
+    index = torch.arange(length + 1, device=tokens.device).expand(batch, -1)
+    return TreeBatch(
+        tokens=torch.cat([root[:, None], tokens], dim=1),
+        parents=(index - 1).clamp(min=0),
+        depths=index,
+        valid=torch.ones(batch, length + 1, dtype=torch.bool, device=tokens.device),
+        ancestors=torch.ones(length + 1, length + 1, dtype=torch.bool, device=tokens.device)
+        .tril()
+        .expand(batch, -1, -1),
     )
 
 
-def best_first_tree(draft_logprobs: torch.Tensor, budget: int) -> DraftTree:
+def best_first_tree(root: torch.Tensor, logprobs: torch.Tensor, budget: int) -> TreeBatch:
     """The `budget` prefixes with the highest product of per-depth draft marginals (DDTree).
 
-    draft_logprobs is [L, V]: log q_d for depths 1..L from one drafter pass. A heap holds candidate nodes
-    scored by the sum of log q along their path; popping one adds it to the tree and pushes its next sibling
-    (same parent, next-ranked token) and its first child (next depth, best token). Only the top-min(budget, V)
-    tokens per depth can ever be reached, so only those are sorted.
+    logprobs [B, L, V] holds log q_d for depths 1..L from one drafter pass. A prefix's score is the sum of
+    log q along it, so extending a prefix never raises its score: the best `budget` prefixes form a tree,
+    and those at depth d extend the best `budget` at depth d - 1 by one of the best min(budget, V) tokens
+    of depth d. Depth by depth the best `budget` extensions are kept; the tree is the best `budget` of all
+    those candidates, ties going to the shallower one (so a parent always precedes its child), in depth
+    order. Trees with fewer candidates than `budget` are padded with invalid nodes.
     """
-    depth_limit, vocab = draft_logprobs.shape
+    batch, depth_limit, vocab = logprobs.shape
+    device = logprobs.device
     width = min(budget, vocab)
-    top_logp, top_tokens = torch.topk(draft_logprobs.float(), width, dim=-1)
-    top_logp, top_tokens = top_logp.tolist(), top_tokens.tolist()
-    tree = DraftTree(tokens=[], parents=[], depths=[])
-    if depth_limit == 0 or budget < 1:
-        return tree
-    # (negated score, tie-break order, depth, rank, parent index, parent score)
-    heap = [(-top_logp[0][0], 0, 1, 0, 0, 0.0)]
-    order = 1
-    while heap and tree.size < budget:
-        neg_score, _, depth, rank, parent, parent_score = heapq.heappop(heap)
-        tree.tokens.append(top_tokens[depth - 1][rank])
-        tree.parents.append(parent)
-        tree.depths.append(depth)
-        node, score = tree.size, -neg_score
-        if rank + 1 < width:
-            heapq.heappush(
-                heap,
-                (
-                    -(parent_score + top_logp[depth - 1][rank + 1]),
-                    order,
-                    depth,
-                    rank + 1,
-                    parent,
-                    parent_score,
-                ),
-            )
-            order += 1
-        if depth < depth_limit:
-            heapq.heappush(heap, (-(score + top_logp[depth][0]), order, depth + 1, 0, node, score))
-            order += 1
-    return tree
+    top_logp, top_tokens = torch.topk(logprobs.float(), width, dim=-1)
+    scores, parents, tokens, depths = [top_logp[:, 0]], [], [top_tokens[:, 0]], [width]
+    parents.append(torch.full_like(top_tokens[:, 0], -1))  # -1: the root
+    offset = 0  # index of the previous depth's first candidate among all candidates
+    for depth in range(1, depth_limit):
+        extended = scores[-1][:, :, None] + top_logp[:, depth, None, :]
+        best, index = torch.topk(extended.flatten(1), min(budget, extended[0].numel()), dim=-1)
+        scores.append(best)
+        parents.append(offset + index // width)
+        tokens.append(top_tokens[:, depth].gather(1, index % width))
+        offset += depths[-1]
+        depths.append(best.shape[1])
+    candidates = sum(depths)
+    size = min(budget, candidates)
+    # fills, not a tensor from a host list: nothing here may copy from the host inside a CUDA graph
+    depth_of = torch.cat([torch.full((n,), d + 1, device=device) for d, n in enumerate(depths)])
+    order = torch.sort(torch.cat(scores, dim=1), dim=1, descending=True, stable=True).indices[:, :size]
+    chosen = torch.sort(order, dim=1).values  # depth order, so parents come before their children
+    node_of = torch.zeros(batch, candidates + 1, dtype=torch.long, device=device)  # last column: the root
+    node_of[:, :candidates].scatter_(1, chosen, torch.arange(1, size + 1, device=device).expand(batch, -1))
+    parent_candidate = torch.cat(parents, dim=1).gather(1, chosen)
+    node_parents = node_of.gather(1, torch.where(parent_candidate < 0, candidates, parent_candidate))
+    zeros = torch.zeros(batch, budget - size, dtype=torch.long, device=device)
+    tree_parents = torch.cat([torch.zeros_like(root)[:, None], node_parents, zeros], dim=1)
+    return TreeBatch(
+        tokens=torch.cat([root[:, None], torch.cat(tokens, dim=1).gather(1, chosen), zeros], dim=1),
+        parents=tree_parents,
+        depths=torch.cat([torch.zeros_like(root)[:, None], depth_of[chosen], zeros], dim=1),
+        valid=torch.arange(budget + 1, device=device).expand(batch, -1) <= size,
+        ancestors=ancestor_matrix(tree_parents, depth_limit),
+    )
 
 
-def accept_path(tree: DraftTree, target_token_at) -> tuple[list[int], int]:
-    """Walk from the root into the child whose token is the target's own token at the current node.
+@dataclass
+class Acceptance:
+    path: torch.Tensor  # [B, L+1] accepted indices by depth (root first); entries past `length` are 0
+    length: torch.Tensor  # [B] accepted indices, the root included: the tokens this step commits
+    bonus: torch.Tensor  # [B] the target's token after the last accepted index (the next root)
 
-    `target_token_at(i)` gives the target's token (argmax, or a fresh sample at T > 0) after index i; it is
-    called only along the walk, so each committed token is drawn from the target's conditional exactly once,
-    which is what makes the walk lossless at any temperature. Returns the accepted indices (root first) and
-    the target token that left the tree (the next bonus token).
+
+def walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acceptance:
+    """Walk from the root into the child whose token is the target's token at the current index.
+
+    target_tokens [B, N+1] is the target's token (argmax, or its own sample) after each index; only those
+    along the walk matter, so each committed token comes from the target's conditional, which is what
+    makes the walk lossless at any temperature. Siblings carry distinct tokens, so the accepted indices
+    form one path: every index whose ancestors all match.
     """
-    kids = tree.children()
-    path = [0]
-    while True:
-        token = target_token_at(path[-1])
-        child = kids[path[-1]].get(token)
-        if child is None:
-            return path, token
-        path.append(child)
+    matches = tree.tokens == target_tokens.gather(1, tree.parents)
+    matches[:, 0] = True
+    matches &= tree.valid
+    accepted = ~(tree.ancestors & ~matches[:, None, :]).any(dim=-1)
+    leaf = torch.where(accepted, tree.depths, -1).argmax(dim=1)
+    length = tree.depths.gather(1, leaf[:, None])[:, 0] + 1
+    on_path = tree.ancestors.gather(1, leaf[:, None, None].expand(-1, 1, tree.size + 1))[:, 0]
+    # Scatter each on-path index to its depth; off-path indices go to a spare column that is dropped.
+    column = torch.where(on_path, tree.depths, depth_limit + 1)
+    index = torch.arange(tree.size + 1, device=column.device).expand_as(column)
+    path = torch.zeros(column.shape[0], depth_limit + 2, dtype=torch.long, device=column.device)
+    path.scatter_(1, column, index)
+    return Acceptance(
+        path=path[:, : depth_limit + 1], length=length, bonus=target_tokens.gather(1, leaf[:, None])[:, 0]
+    )

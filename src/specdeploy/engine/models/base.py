@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from specdeploy.engine.cache import KVCache
+from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch, append_batch
 from specdeploy.errors import SpecdeployError
 
 if TYPE_CHECKING:
-    from specdeploy.engine.models.layers import RotaryEmbedding
+    from specdeploy.engine.models.rope import RotaryEmbedding
 
 
 @dataclass
@@ -39,19 +40,12 @@ class ModelOutput:
     hidden: torch.Tensor | None  # [batch, new_tokens, len(hidden_layer_ids) * hidden_size] or None
 
 
-def causal_mask(new_tokens: int, cached: int, device: torch.device) -> torch.Tensor:
-    """Plain causal visibility of `new_tokens` queries over [cached prefix + new tokens]: [1, T, S] bool."""
-    query = cached + torch.arange(new_tokens, device=device)[:, None]
-    key = torch.arange(cached + new_tokens, device=device)[None, :]
-    return (key <= query)[None]
-
-
 class TargetModel(nn.Module):
     """A decoder-only target: embed, pre-norm decoder layers, final norm, LM head.
 
     Families build `embed_tokens`, `layers`, `norm`, `lm_head` and `rotary` with checkpoint names (minus the
-    leading `model.`); the forward pass below is shared. Every layer reads and appends its own cache entry,
-    so a layer kind with recurrent state can keep it there too.
+    leading `model.`); the forward pass below is shared. Each layer's mixer declares what it caches per slot
+    (`cache_entry`, or None for a recurrent layer, which keeps its state in the cache's `recurrent`).
     """
 
     config: TargetConfig
@@ -61,64 +55,88 @@ class TargetModel(nn.Module):
     lm_head: nn.Linear  # borrowed by the drafter; the embedding itself when tie_word_embeddings
     rotary: RotaryEmbedding
     keep_fp32: tuple[str, ...] = ()  # parameter-name suffixes kept in float32 whatever the model dtype
+    has_recurrent_layers = False  # recurrent layers read the token tree on the host: no CUDA graphs
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.layers))
+    def cache_entries(self) -> list[EntryShape | None]:
+        return [layer.mixer.cache_entry() for layer in self.layers]
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> StaticCache:
+        weight = self.embed_tokens.weight
+        return StaticCache(self.cache_entries(), batch, capacity, weight.device, weight.dtype)
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        batch: ForwardBatch,
+        cache: StaticCache,
+        hidden_layer_ids: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run `input_ids` [B, T] as `batch` says, writing their cache entries.
+
+        Returns the final-norm hidden states [B, T, H] (the LM head's input) and the concatenated outputs of
+        layers `hidden_layer_ids` [B, T, K*H] (transformers' hidden_states[id + 1]; for the last layer that
+        is after the final norm), or None.
+        """
+        x = self.embed_tokens(input_ids)
+        batch.rope = self.rotary(batch.positions, x.dtype)
+        last = len(self.layers) - 1
+        captured: dict[int, torch.Tensor] = {}
+        residual = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, batch, cache)
+            if i in hidden_layer_ids and i != last:
+                captured[i] = residual + x
+        x, _ = self.norm(x, residual)
+        if last in hidden_layer_ids:
+            captured[last] = x
+        hidden = torch.cat([captured[i] for i in hidden_layer_ids], dim=-1) if hidden_layer_ids else None
+        return x, hidden
 
     def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: StaticCache | None = None,
         attention_mask: torch.Tensor | None = None,
         hidden_layer_ids: Sequence[int] = (),
     ) -> ModelOutput:
-        """Run `input_ids` [B, T] at `position_ids` [B|1, T], appending them to `cache` when given.
+        """Run `input_ids` [B, T] at `position_ids` [B|1, T] after the cache's committed positions.
 
         attention_mask [B|1, T, cache.length + T] (True = may attend) defaults to causal; it may be any
-        visibility pattern, such as a draft tree's ancestor mask. `hidden` concatenates, in the order given,
-        the outputs of the decoder layers `hidden_layer_ids`, i.e. transformers' hidden_states[id + 1]
-        (which for the last layer is after the final norm).
+        visibility pattern, such as a draft tree's ancestor mask. The new tokens are appended to `cache`
+        (a temporary one when None). Logits are float32 for every token.
         """
-        batch, new = input_ids.shape
-        cached = cache.length if cache is not None else 0
-        if position_ids.dim() != 2 or position_ids.shape[1] != new or position_ids.shape[0] not in (1, batch):
+        b, new = input_ids.shape
+        if cache is None:
+            cache = self.new_cache(b, new + 1)
+        cached = cache.length
+        if position_ids.dim() != 2 or position_ids.shape[1] != new or position_ids.shape[0] not in (1, b):
             raise SpecdeployError(
-                f"position_ids must be [{batch} or 1, {new}] like input_ids, got {list(position_ids.shape)}"
+                f"position_ids must be [{b} or 1, {new}] like input_ids, got {list(position_ids.shape)}"
             )
-        visible = self._visibility(attention_mask, batch, new, cached, input_ids.device)
+        if attention_mask is not None and (
+            attention_mask.dtype != torch.bool
+            or attention_mask.dim() != 3
+            or attention_mask.shape[0] not in (1, b)
+            or tuple(attention_mask.shape[1:]) != (new, cached + new)
+        ):
+            raise SpecdeployError(
+                f"attention_mask must be a bool tensor [{b}|1, {new}, {cached + new}] "
+                f"(new tokens x cached + new, True = may attend), got {attention_mask.dtype} "
+                f"{list(attention_mask.shape)}"
+            )
         last = len(self.layers) - 1
         wrong = [i for i in hidden_layer_ids if not 0 <= i <= last]
         if wrong:
             raise SpecdeployError(f"hidden_layer_ids {wrong} out of range: this model has layers 0..{last}")
-
-        x = self.embed_tokens(input_ids)
-        rope = self.rotary(position_ids, x.dtype)
-        captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, visible, cache)
-            if i in hidden_layer_ids:
-                captured[i] = x
-        x = self.norm(x)
-        if last in captured:
-            captured[last] = x  # transformers reports the last layer's output after the final norm
-        hidden = torch.cat([captured[i] for i in hidden_layer_ids], dim=-1) if hidden_layer_ids else None
+        if cache.batch != b:
+            raise SpecdeployError(f"the cache holds {cache.batch} rows, the input {b}")
+        self.check_visibility(attention_mask, cached)
+        cache.ensure(cached + new)
+        batch = append_batch(position_ids, cached, cache.capacity, b, attention_mask)
+        x, hidden = self.run(input_ids, batch, cache, hidden_layer_ids)
+        cache.length = cached + new
         return ModelOutput(logits=self.lm_head(x).float(), hidden=hidden)
 
-    @staticmethod
-    def _visibility(
-        mask: torch.Tensor | None, batch: int, new: int, cached: int, device: torch.device
-    ) -> torch.Tensor:
-        if mask is None:
-            return causal_mask(new, cached, device)
-        if (
-            mask.dtype != torch.bool
-            or mask.dim() != 3
-            or mask.shape[0] not in (1, batch)
-            or tuple(mask.shape[1:]) != (new, cached + new)
-        ):
-            raise SpecdeployError(
-                f"attention_mask must be a bool tensor [{batch}|1, {new}, {cached + new}] "
-                f"(new tokens x cached + new, True = may attend), got {mask.dtype} {list(mask.shape)}"
-            )
-        return mask
+    def check_visibility(self, mask: torch.Tensor | None, cached: int) -> None:
+        """Refuse masks the layers cannot follow (attention layers follow any)."""

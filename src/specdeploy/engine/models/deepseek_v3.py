@@ -13,22 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdeploy.engine.cache import KVCache
+from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
-from specdeploy.engine.models.layers import (
-    DecoderLayer,
-    RMSNorm,
-    Rope,
-    RotaryEmbedding,
-    SwiGLU,
-    apply_rope,
-    attend,
-    config_value,
-    mix_experts,
-    require_silu,
-    rope_parameters,
-    yarn_mscale,
-)
+from specdeploy.engine.models.config import config_value, require_silu
+from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, attend
+from specdeploy.engine.models.moe import Experts
+from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope, rope_parameters, yarn_mscale
 from specdeploy.errors import SpecdeployError
 
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
@@ -50,11 +41,12 @@ def softmax_scale(config: dict[str, Any], rope: dict[str, Any], qk_head_dim: int
 class MultiLatentAttention(nn.Module):
     """MLA, with the cache holding the compressed latent, not expanded keys and values.
 
-    Per position the cache keeps [normalised kv latent (kv_lora_rank) | rotated shared rope key
+    Per slot the cache keeps [normalised kv latent (kv_lora_rank) | rotated shared rope key
     (qk_rope_head_dim)]: 576 values for Kimi against 64 heads x 320 expanded, which is the layout SGLang's
     MLA backends keep and what makes long contexts fit. Attention then runs in latent space ("weight
     absorption"): kv_b_proj's key half maps each query into the latent, its value half maps the attended
-    latent back out, so cached positions are never re-expanded.
+    latent back out, so cached positions are never re-expanded. The two projections of the layer input
+    (the query's, and the latent's) run as one matmul.
     """
 
     def __init__(self, config: dict[str, Any], rope: dict[str, Any], layer_idx: int) -> None:
@@ -69,44 +61,46 @@ class MultiLatentAttention(nn.Module):
         self.interleaved = config_value(config, "rope_interleave", True)
         bias = config_value(config, "attention_bias", False)
         qk_head_dim = self.nope_dim + self.rope_dim
+        latent = self.kv_lora_rank + self.rope_dim
         if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, self.heads * qk_head_dim, bias=False)
+            # transformers builds q_proj without a bias even when attention_bias is set
+            self.input_proj = MergedLinear(
+                hidden, {"q_proj": self.heads * qk_head_dim, "kv_a_proj_with_mqa": latent}, bias=False
+            )
+            self.query_size = self.heads * qk_head_dim
         else:
-            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.input_proj = MergedLinear(
+                hidden, {"q_a_proj": self.q_lora_rank, "kv_a_proj_with_mqa": latent}, bias=bias
+            )
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(self.q_lora_rank, self.heads * qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+            self.query_size = self.q_lora_rank
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * self.v_dim, hidden, bias=bias)
         self.scale = softmax_scale(config, rope, qk_head_dim)
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        q = (
-            self.q_proj(x)
-            if self.q_lora_rank is None
-            else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        )
-        q_nope, q_rot = (
-            q.view(batch, tokens, self.heads, -1).transpose(1, 2).split([self.nope_dim, self.rope_dim], -1)
-        )
-        latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], -1)
-        q_rot = apply_rope(q_rot, rope, self.interleaved)
-        k_rot = apply_rope(k_rot[:, None], rope, self.interleaved)[:, 0]
-        entry = torch.cat([self.kv_a_layernorm(latent), k_rot], dim=-1)
-        if cache is not None:
-            (entry,) = cache.append(self.layer_idx, entry)
+    def cache_entry(self) -> EntryShape:
+        return ((1, self.kv_lora_rank + self.rope_dim),)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        b, tokens, _ = x.shape
+        q, kv = self.input_proj(x).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
+        if self.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
+        q_nope, q_rot = q.view(b, tokens, self.heads, -1).split([self.nope_dim, self.rope_dim], -1)
+        latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
+        q_rot = apply_rope(q_rot, batch.rope, self.interleaved)
+        k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
+        entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
+        (keys,) = cache.write(self.layer_idx, batch.flat_slots, batch.window, entry)
 
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
-        query = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, key_up), q_rot], dim=-1)
-        keys = entry[:, None]  # one latent "head" shared by all query heads
-        out = attend(query, keys, keys[..., : self.kv_lora_rank], visible, self.scale)
-        out = torch.einsum("bhtr,hvr->bthv", out, value_up).reshape(batch, tokens, -1)
-        return self.o_proj(out)
+        query = torch.cat([torch.einsum("bthn,hnr->bthr", q_nope, key_up), q_rot], dim=-1)
+        out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale)
+        out = torch.einsum("bthr,hvr->bthv", out.view(b, tokens, self.heads, -1), value_up)
+        return self.o_proj(out.reshape(b, tokens, -1))
 
 
 class GroupLimitedRouter(nn.Module):
@@ -145,13 +139,13 @@ class DeepseekV3MoE(nn.Module):
         hidden, expert_size = config["hidden_size"], config["moe_intermediate_size"]
         self.gate = GroupLimitedRouter(config)
         # One module per expert, so that the checkpoint's experts.N.* names load unchanged.
-        self.experts = nn.ModuleList(SwiGLU(hidden, expert_size) for _ in range(config["n_routed_experts"]))
+        self.experts = Experts(config["n_routed_experts"], hidden, expert_size)
         self.shared_experts = SwiGLU(hidden, expert_size * config_value(config, "n_shared_experts", 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, indices = self.gate(flat)
-        return mix_experts(flat, self.experts, weights, indices).view_as(x) + self.shared_experts(x)
+        return self.experts(flat, weights, indices).view_as(x) + self.shared_experts(x)
 
 
 class DeepseekV3ForCausalLM(TargetModel):

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdeploy.engine.cache import KVCache
+from specdeploy.engine.cache import StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch
+from specdeploy.engine.models.config import config_value
 from specdeploy.engine.models.gated_delta_rule import CHUNK_SIZE, chunked_rule, rule_inputs, tree_rule
-from specdeploy.engine.models.layers import Rope, config_value
 from specdeploy.engine.recurrent_state import (
     PendingTokens,
     RecurrentState,
@@ -82,18 +83,19 @@ class GatedDeltaNet(nn.Module):
         """(q|k|v [B, T, channels], z [B, T, v_heads, v_dim], b [B, T, v_heads], a [B, T, v_heads])."""
         raise NotImplementedError
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        state = cache.layers[self.layer_idx] if cache is not None else None
+    def cache_entry(self) -> None:
+        return None  # the state lives in the cache's `recurrent`, not in slots
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        batch_size, tokens, _ = x.shape
+        state = cache.recurrent.get(self.layer_idx)
         if state is None:
             state = RecurrentState(
-                conv=x.new_zeros(batch, self.conv_width - 1, 2 * self.key_size + self.value_size),
-                recurrent=x.new_zeros(batch, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32),
+                conv=x.new_zeros(batch_size, self.conv_width - 1, 2 * self.key_size + self.value_size),
+                recurrent=x.new_zeros(batch_size, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32),
             )
         state.settle()
-        tree = tree_parents(visible, state.committed)
+        tree = tree_parents(batch.new_visible)
         parents = chain_parents(tokens) if self.leaky else tree
         mixed, z, b, a = self.project(x)
 
@@ -103,9 +105,9 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
         decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         inputs = rule_inputs(
-            q.reshape(batch, tokens, self.k_heads, self.k_dim),
-            k.reshape(batch, tokens, self.k_heads, self.k_dim),
-            v.reshape(batch, tokens, self.v_heads, self.v_dim),
+            q.reshape(batch_size, tokens, self.k_heads, self.k_dim),
+            k.reshape(batch_size, tokens, self.k_heads, self.k_dim),
+            v.reshape(batch_size, tokens, self.v_heads, self.v_dim),
             decay,
             b.sigmoid(),
         )
@@ -114,12 +116,11 @@ class GatedDeltaNet(nn.Module):
         else:
             out, states = tree_rule(inputs, parents, state.recurrent)
             final = states[:, :, -1]
-        if cache is not None:
-            state.record(PendingTokens(tree, parents, conv_inputs, windows, inputs, states, final))
-            cache.layers[self.layer_idx] = state
+        state.record(PendingTokens(tree, parents, conv_inputs, windows, inputs, states, final))
+        cache.recurrent[self.layer_idx] = state
 
         out = self.norm(out.transpose(1, 2).to(x.dtype), z)
-        return self.out_proj(out.reshape(batch, tokens, self.value_size))
+        return self.out_proj(out.reshape(batch_size, tokens, self.value_size))
 
 
 class Qwen3NextGatedDeltaNet(GatedDeltaNet):

@@ -7,20 +7,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdeploy.engine.cache import KVCache
+from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
-from specdeploy.engine.models.layers import (
-    DecoderLayer,
-    RMSNorm,
-    Rope,
-    RotaryEmbedding,
-    SwiGLU,
-    apply_rope,
-    attend,
-    config_value,
-    require_silu,
-    rope_parameters,
-)
+from specdeploy.engine.models.config import config_value, require_silu
+from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, attend
+from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 
@@ -40,7 +32,7 @@ def reject_sliding_window(config: dict[str, Any]) -> None:
 
 
 class Qwen3Attention(nn.Module):
-    """Caches post-norm, post-RoPE keys and values as [batch, seq, kv_heads, head_dim]."""
+    """Caches post-norm, post-RoPE keys and values, [kv_heads, head_dim] each per slot."""
 
     def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
         super().__init__()
@@ -50,25 +42,25 @@ class Qwen3Attention(nn.Module):
         eps = config_value(config, "rms_norm_eps", 1e-6)
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim(config)
-        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, eps)
-        self.k_norm = RMSNorm(self.head_dim, eps)
+        dim = self.head_dim
+        self.qkv_proj = MergedLinear(
+            hidden, {"q_proj": heads * dim, "k_proj": kv_heads * dim, "v_proj": kv_heads * dim}, bias
+        )
+        self.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(dim, eps)
+        self.k_norm = RMSNorm(dim, eps)
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, tokens, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, rope), apply_rope(k, rope).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)
-        out = attend(q, k.transpose(1, 2), v.transpose(1, 2), visible, self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1))
+    def cache_entry(self) -> EntryShape:
+        return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        b, tokens, _ = x.shape
+        qkv = self.qkv_proj(x).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        q = apply_rope(self.q_norm(q), batch.rope)
+        k = apply_rope(self.k_norm(k), batch.rope)
+        keys, values = cache.write(self.layer_idx, batch.flat_slots, batch.window, k, v)
+        return self.o_proj(attend(q, keys, values, batch, self.head_dim**-0.5))
 
 
 class Qwen3ForCausalLM(TargetModel):

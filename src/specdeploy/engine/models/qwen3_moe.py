@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdeploy.engine.models.layers import SwiGLU, config_value, mix_experts
+from specdeploy.engine.models.config import config_value
+from specdeploy.engine.models.moe import Experts
 from specdeploy.engine.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -24,10 +25,7 @@ class Qwen3MoeSparseBlock(nn.Module):
         self.top_k = config["num_experts_per_tok"]
         self.norm_topk_prob = config_value(config, "norm_topk_prob", False)
         self.gate = nn.Linear(hidden, num_experts, bias=False)
-        # One module per expert, so that the checkpoint's experts.N.* names load unchanged.
-        self.experts = nn.ModuleList(
-            SwiGLU(hidden, config["moe_intermediate_size"]) for _ in range(num_experts)
-        )
+        self.experts = Experts(num_experts, hidden, config["moe_intermediate_size"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -35,7 +33,7 @@ class Qwen3MoeSparseBlock(nn.Module):
         weights, indices = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return mix_experts(flat, self.experts, weights.to(logits.dtype), indices).view_as(x)
+        return self.experts(flat, weights.to(logits.dtype), indices).view_as(x)
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

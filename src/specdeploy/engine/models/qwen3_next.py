@@ -9,50 +9,34 @@ sigmoid-gated shared expert.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdeploy.engine.cache import KVCache
-from specdeploy.engine.models.base import ModelOutput, TargetConfig, TargetModel
+from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.forward_batch import ForwardBatch
+from specdeploy.engine.models.base import TargetConfig, TargetModel
+from specdeploy.engine.models.config import config_value, require_silu
 from specdeploy.engine.models.gated_deltanet import (
     GatedDeltaNet,
     Qwen3_5GatedDeltaNet,
     Qwen3NextGatedDeltaNet,
 )
 from specdeploy.engine.models.layers import (
-    Rope,
-    RotaryEmbedding,
+    DecoderLayer,
+    MergedLinear,
     SwiGLU,
-    apply_rope,
+    ZeroCenteredRMSNorm,
     attend,
-    config_value,
-    require_silu,
-    rope_parameters,
 )
 from specdeploy.engine.models.qwen3 import head_dim
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeSparseBlock
-from specdeploy.engine.recurrent_state import RecurrentState
+from specdeploy.engine.models.rope import Rope, RotaryEmbedding, apply_rope, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 LAYER_TYPES = ("linear_attention", "full_attention")
-
-
-class ZeroCenteredRMSNorm(nn.Module):
-    """RMSNorm whose stored weight is an offset from 1, applied in float32 before casting back."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
 
 
 def layer_types(config: dict[str, Any]) -> list[str]:
@@ -85,13 +69,13 @@ def partial_rope(config: dict[str, Any]) -> tuple[dict[str, Any], int]:
 
 
 def rotate_partially(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """RoPE on the first rope-dim channels of x [B, heads, T, head_dim]; the rest pass through."""
+    """RoPE on the first rope-dim channels of x [B, T, heads, head_dim]; the rest pass through."""
     rotated = rope[0].shape[-1]
     return torch.cat([apply_rope(x[..., :rotated], rope), x[..., rotated:]], dim=-1)
 
 
 class GatedAttention(nn.Module):
-    """Caches post-norm, post-RoPE keys and values as [batch, seq, kv_heads, head_dim]."""
+    """Caches post-norm, post-RoPE keys and values, [kv_heads, head_dim] each per slot."""
 
     def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
         super().__init__()
@@ -101,27 +85,30 @@ class GatedAttention(nn.Module):
         eps = config_value(config, "rms_norm_eps", 1e-6)
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim(config)
-        self.q_proj = nn.Linear(hidden, 2 * heads * self.head_dim, bias=bias)  # query and gate, per head
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=bias)
-        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps)
-        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps)
+        dim = self.head_dim
+        # q_proj yields a query and an output gate per head
+        self.qkv_proj = MergedLinear(
+            hidden, {"q_proj": 2 * heads * dim, "k_proj": kv_heads * dim, "v_proj": kv_heads * dim}, bias
+        )
+        self.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(dim, eps)
+        self.k_norm = ZeroCenteredRMSNorm(dim, eps)
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
-        batch, tokens, _ = x.shape
-        q, gate = self.q_proj(x).view(batch, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)
-        q, k = rotate_partially(q, rope), rotate_partially(k, rope).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)
-        out = attend(q, k.transpose(1, 2), v.transpose(1, 2), visible, self.head_dim**-0.5)
-        out = out.transpose(1, 2).reshape(batch, tokens, -1) * torch.sigmoid(gate.reshape(batch, tokens, -1))
-        return self.o_proj(out)
+    def cache_entry(self) -> EntryShape:
+        return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
+        b, tokens, _ = x.shape
+        query_gate, k, v = self.qkv_proj(x).split(
+            [2 * self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
+        )
+        q, gate = query_gate.view(b, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = rotate_partially(self.q_norm(q), batch.rope)
+        k = rotate_partially(self.k_norm(k.view(b, tokens, self.kv_heads, self.head_dim)), batch.rope)
+        v = v.view(b, tokens, self.kv_heads, self.head_dim)
+        keys, values = cache.write(self.layer_idx, batch.flat_slots, batch.window, k, v)
+        out = attend(q, keys, values, batch, self.head_dim**-0.5)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(b, tokens, -1)))
 
 
 class SharedExpertMoeBlock(Qwen3MoeSparseBlock):
@@ -138,32 +125,25 @@ class SharedExpertMoeBlock(Qwen3MoeSparseBlock):
         return super().forward(x) + shared
 
 
-class HybridDecoderLayer(nn.Module):
+class HybridDecoderLayer(DecoderLayer):
     """Pre-norm residual block whose token mixer is `linear_attn` (Gated DeltaNet) or `self_attn`."""
 
+    norm = ZeroCenteredRMSNorm
+
     def __init__(self, mixer: nn.Module, mlp: nn.Module, hidden_size: int, eps: float) -> None:
-        super().__init__()
+        super().__init__(mixer, mlp, hidden_size, eps)
         if isinstance(mixer, GatedDeltaNet):
+            del self.self_attn
             self.linear_attn = mixer
-        else:
-            self.self_attn = mixer
-        self.mlp = mlp
-        self.input_layernorm = ZeroCenteredRMSNorm(hidden_size, eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(hidden_size, eps)
 
     @property
     def mixer(self) -> nn.Module:
         return self._modules.get("linear_attn") or self._modules["self_attn"]
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, visible: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
-        x = x + self.mixer(self.input_layernorm(x), rope, visible, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
 
 class Qwen3NextForCausalLM(TargetModel):
     linear_attention: type[GatedDeltaNet] = Qwen3NextGatedDeltaNet
+    has_recurrent_layers = True
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
@@ -197,20 +177,11 @@ class Qwen3NextForCausalLM(TargetModel):
             return SharedExpertMoeBlock(config)
         return SwiGLU(config["hidden_size"], config["intermediate_size"])
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: KVCache | None = None,
-        attention_mask: torch.Tensor | None = None,
-        hidden_layer_ids: Sequence[int] = (),
-    ) -> ModelOutput:
-        """As `TargetModel.forward`; recurrent layers first commit a previous forward's chain (see settle)."""
-        if cache is not None:
-            for entry in cache.layers:
-                if isinstance(entry, RecurrentState):
-                    entry.settle()
-        return super().forward(input_ids, position_ids, cache, attention_mask, hidden_layer_ids)
+    def check_visibility(self, mask: torch.Tensor | None, cached: int) -> None:
+        if mask is not None and not bool(mask[..., :cached].all()):
+            raise SpecdeployError(
+                "a recurrent layer cannot hide committed tokens: new tokens must attend to the whole cached prefix"
+            )
 
     def use_leaky_tree_states(self, leaky: bool) -> None:
         """Run recurrent layers over tree tokens in index order, as a naive engine does (for experiments)."""

@@ -1,0 +1,89 @@
+"""What one forward pass needs to know beyond its tokens: positions, cache slots and who may attend to whom.
+
+Attention runs over a window of the first S cache slots (the new tokens are written there first), with a
+visibility mask over those slots: a causal prefill, one AR token, or a draft tree whose nodes each see the
+committed prefix and their own ancestors. Every layer shares the mask, converted once per forward to the
+additive form attention kernels take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdeploy.engine.models.rope import Rope
+
+
+@dataclass
+class ForwardBatch:
+    positions: torch.Tensor  # [B|1, T] RoPE positions of the new tokens
+    slots: torch.Tensor  # [B, T] cache slots the new tokens are written to
+    visible: torch.Tensor  # [B|1, T, S] bool over cache slots 0..S-1 (True = may attend)
+    capacity: int  # slots per row of the cache the slots index
+    # For recurrent layers: visibility among the new tokens [B|1, T, T] and the committed length.
+    new_visible: torch.Tensor | None = None
+    committed: int | None = None
+    rope: Rope | None = None  # set by the model once per forward
+    _bias: dict = field(default_factory=dict, repr=False)
+    _flat_slots: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def window(self) -> int:
+        return self.visible.shape[-1]
+
+    @property
+    def flat_slots(self) -> torch.Tensor:
+        """row * capacity + slot for every new token, [B * T]."""
+        if self._flat_slots is None:
+            rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]
+            self._flat_slots = (self.slots + rows * self.capacity).flatten()
+        return self._flat_slots
+
+    def attention_bias(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """[B|1, 1, group*T, S] additive mask (0 visible, -inf hidden) for queries folded as (head group, token)."""
+        key = (group, dtype)
+        if key not in self._bias:
+            rows, tokens, window = self.visible.shape
+            visible = self.visible[:, None].expand(-1, group, -1, -1).reshape(rows, 1, group * tokens, window)
+            bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+            self._bias[key] = bias.masked_fill_(~visible, float("-inf"))
+        return self._bias[key]
+
+
+def causal_visibility(new: int, cached: int, window: int, device: torch.device) -> torch.Tensor:
+    """[1, new, window]: new token i (at slot cached + i) sees slots 0..cached + i."""
+    query = cached + torch.arange(new, device=device)[:, None]
+    return (torch.arange(window, device=device)[None, :] <= query)[None]
+
+
+def append_batch(
+    positions: torch.Tensor,
+    cached: int,
+    capacity: int,
+    batch: int,
+    mask: torch.Tensor | None = None,
+    window_multiple: int = 64,
+) -> ForwardBatch:
+    """A batch whose T new tokens follow `cached` committed slots in every row; `mask` [B|1, T, cached + T]
+    (None: causal) says what each may see. The window is the used slots rounded up, within the capacity."""
+    new = positions.shape[-1]
+    device = positions.device
+    used = cached + new
+    window = min(capacity, -(-used // window_multiple) * window_multiple)
+    if mask is None:
+        visible = causal_visibility(new, cached, window, device)
+        new_visible = visible[..., cached:used]
+    else:
+        visible = torch.zeros(mask.shape[0], new, window, dtype=torch.bool, device=device)
+        visible[..., :used] = mask
+        new_visible = mask[..., cached:]
+    slots = (cached + torch.arange(new, device=device)).expand(batch, -1)
+    return ForwardBatch(
+        positions=positions,
+        slots=slots,
+        visible=visible,
+        capacity=capacity,
+        new_visible=new_visible,
+        committed=cached,
+    )
