@@ -12,6 +12,7 @@ from specdeploy.campaign import commands as campaign_commands
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.engine import generate_command, lab_command
 from specdeploy.errors import SpecdeployError
+from specdeploy.perf import commands as perf_commands
 from specdeploy.plan import commands as plan_commands
 from specdeploy.report import commands as report_commands
 from specdeploy.server import commands as server_commands
@@ -41,6 +42,7 @@ def _root() -> None:
 
 
 app.command("generate")(generate_command.generate)
+app.command("profile")(perf_commands.profile)
 app.command("serve")(server_commands.serve)
 app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")

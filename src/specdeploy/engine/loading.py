@@ -135,14 +135,17 @@ def token_ids(value: Any) -> list[int]:
     return [value] if isinstance(value, int) else [int(v) for v in value]
 
 
-def target_config(raw: dict[str, Any], text: dict[str, Any], root: Path) -> TargetConfig:
+def target_config(raw: dict[str, Any], text: dict[str, Any], root: Path | None) -> TargetConfig:
+    """The engine's view of a config.json (`raw`; `text` is its text model's part); `root`, when given, is the
+    checkpoint directory, whose generation_config.json may add EOS tokens."""
     required = ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
     missing = [key for key in required if not isinstance(text.get(key), int)]
     if missing:
-        raise SpecdeployError(f"{root / 'config.json'} lacks integer {', '.join(missing)}")
+        where = root / "config.json" if root is not None else "the model configuration"
+        raise SpecdeployError(f"{where} lacks integer {', '.join(missing)}")
     eos = token_ids(text.get("eos_token_id")) + token_ids(raw.get("eos_token_id"))
-    generation = root / "generation_config.json"
-    if generation.is_file():
+    generation = root / "generation_config.json" if root is not None else None
+    if generation is not None and generation.is_file():
         # Chat checkpoints often list their end-of-turn token only here.
         eos += token_ids(read_json(generation, "generation defaults").get("eos_token_id"))
     return TargetConfig(

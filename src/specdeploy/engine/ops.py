@@ -44,6 +44,17 @@ def rms_norm(
     """
     if _use_triton(x):
         return _triton_kernels().rms_norm(x, weight, eps, residual, zero_centered)
+    return torch_rms_norm(x, weight, eps, residual, zero_centered)
+
+
+def torch_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    zero_centered: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm` in plain torch ops."""
     if residual is not None:
         x = x + residual
     dtype = x.dtype
@@ -60,5 +71,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] along the last dim (SwiGLU's activation)."""
     if _use_triton(gate_up):
         return _triton_kernels().silu_mul(gate_up)
+    return torch_silu_mul(gate_up)
+
+
+def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu_mul` in plain torch ops."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

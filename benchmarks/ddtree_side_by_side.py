@@ -1,0 +1,236 @@
+"""Side by side on one GPU, one process, the same random weights: liranringel/ddtree and this engine.
+
+The DDTree reference (a checkout you point at with --ddtree-repo; never vendored) runs transformers' target
+and its own DFlashDraftModel, timed with its own generate functions (AR is its dflash_generate with block
+size 1). The same weights are then saved with save_pretrained, loaded by this engine's loaders and timed
+with the engine's decoder (warm-up first: kernels compile, CUDA graphs are captured). Per verify step:
+milliseconds, and ratios against the engine's own AR step, the reference's step, and the HBM roofline
+(weight bytes one AR step must read / the copy bandwidth measured in the same run).
+
+    python benchmarks/ddtree_side_by_side.py --ddtree-repo PATH --shape qwen3-8b --out result.json
+
+Results are written after every measurement, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specdeploy.engine.drafter import load_drafter  # noqa: E402
+from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
+from specdeploy.perf.shapes import get_shape  # noqa: E402
+
+
+def run(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine() -> dict:
+    import transformers
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "triton": triton.__version__,
+        "specdeploy_commit": run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
+    }
+
+
+def copy_bandwidth(gib: int = 4) -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read plus bytes written."""
+    source = torch.empty(gib << 28, dtype=torch.float32, device="cuda").normal_()
+    dest = torch.empty_like(source)
+    for _ in range(3):
+        dest.copy_(source)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dest.copy_(source)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    del source, dest
+    torch.cuda.empty_cache()
+    return 2 * (gib << 30) / seconds
+
+
+def ar_weight_bytes(target: torch.nn.Module) -> dict[str, int]:
+    """Bytes of weights an AR step reads: all but the embedding table (one row), routed experts counted
+    in full ('all') and at top_k / n_experts ('active')."""
+    total = active = 0
+    for name, param in target.named_parameters():
+        if name.startswith("embed_tokens") and param is not target.lm_head.weight:
+            continue
+        size = param.numel() * param.element_size()
+        total += size
+        if ".experts." in name:
+            raw = target.config.raw
+            size = size * raw["num_experts_per_tok"] // raw.get("n_routed_experts", raw.get("num_experts", 1))
+        active += size
+    return {"all": total, "active": active}
+
+
+def reference_generate(repo: Path):
+    sys.path.insert(0, str(repo))
+    from ddtree import ddtree_generate
+    from dflash import dflash_generate
+
+    return dflash_generate, ddtree_generate
+
+
+def reference_models(shape, device: torch.device):
+    import transformers
+    from model import DFlashDraftModel
+
+    fields = {k: v for k, v in shape.target.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(shape.target["model_type"], **fields)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        target = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        draft_config = transformers.Qwen3Config(**shape.drafter)
+        draft_config._attn_implementation = "sdpa"
+        drafter = DFlashDraftModel(draft_config).to(torch.bfloat16).eval()
+    return target, drafter
+
+
+def reference_step(out) -> dict:
+    decode = out.time_per_output_token * out.num_output_tokens
+    return {
+        "ms_per_step": 1e3 * decode / max(out.decode_rounds, 1),
+        "steps": out.decode_rounds,
+        "tau": sum(out.acceptance_lengths) / max(len(out.acceptance_lengths), 1),
+        "stage_ms": {k: 1e3 * v / max(out.decode_rounds, 1) for k, v in out.stage_times.items()},
+        "tokens": out.output_ids[0].tolist(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ddtree-repo", type=Path, help="checkout of liranringel/ddtree (omit: engine only)")
+    parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/side_by_side"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    shape = get_shape(args.shape)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    modes = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
+    device = torch.device("cuda")
+    result = {
+        "schema": "specdeploy.side_by_side/1",
+        "command": " ".join(sys.argv),
+        "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
+        "machine": machine(),
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "reference": {},
+        "engine": {},
+    }
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
+    save()
+    torch.manual_seed(0)
+    prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
+    mask_id = shape.drafter["dflash_config"]["mask_token_id"]
+    block = shape.drafter["block_size"]
+    target_dir, draft_dir = args.workdir / "target", args.workdir / "draft"
+
+    target, drafter = reference_models(shape, device)
+    if args.ddtree_repo is not None:
+        dflash_generate, ddtree_generate = reference_generate(args.ddtree_repo)
+        ids = torch.tensor([prompt], device=device)
+        common = dict(model=drafter, target=target, input_ids=ids, mask_token_id=mask_id, stop_token_ids=None)
+        dflash_generate(**common, max_new_tokens=16, block_size=1)  # warm-up
+        for mode, budget in modes:
+            started = time.perf_counter()
+            if mode == "ddtree":
+                out = ddtree_generate(**common, max_new_tokens=args.new_tokens, block_size=block, tree_budget=budget)
+            else:
+                size = 1 if mode == "ar" else block
+                out = dflash_generate(**common, max_new_tokens=args.new_tokens, block_size=size)
+            key = mode if budget is None else f"{mode}-{budget}"
+            result["reference"][key] = {**reference_step(out), "wall_s": time.perf_counter() - started}
+            print(f"reference {key}: {result['reference'][key]['ms_per_step']:.2f} ms/step", flush=True)
+            save()
+    target.save_pretrained(target_dir)
+    drafter.save_pretrained(draft_dir)
+    del target, drafter
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    ours = load_target(target_dir, device, torch.bfloat16)
+    our_drafter = load_drafter(draft_dir, device, torch.bfloat16)
+    weights = ar_weight_bytes(ours)
+    result["ar_weight_bytes"] = weights
+    result["roofline_ms"] = {k: 1e3 * v / result["copy_bandwidth_bytes_per_s"] for k, v in weights.items()}
+    for mode, budget in modes:
+        key = mode if budget is None else f"{mode}-{budget}"
+        profile = profile_decoding(ours, our_drafter if mode != "ar" else None, mode, budget, prompt, args.new_tokens)
+        result["engine"][key] = profile.as_dict()
+        print(f"engine {key}: {profile.ms_per_step:.2f} ms/step {profile.breakdown_ms}", flush=True)
+        save()
+    summarize(result)
+    save()
+
+
+def summarize(result: dict) -> None:
+    """Ratios: each engine step against the engine's AR step and the reference's same mode; AR against the
+    roofline. Printed as a table too."""
+    engine, reference = result["engine"], result["reference"]
+    ar = engine["ar"]["ms_per_step"]
+    rows = {}
+    for key, ours in engine.items():
+        theirs = reference.get(key, {}).get("ms_per_step")
+        rows[key] = {
+            "engine_ms": ours["ms_per_step"],
+            "reference_ms": theirs,
+            "vs_engine_ar": ours["ms_per_step"] / ar,
+            "speedup_vs_reference": theirs / ours["ms_per_step"] if theirs else None,
+            "host_ms": ours["breakdown_ms"]["host"],
+            "tree_ms": ours["breakdown_ms"]["tree"],
+        }
+    result["summary"] = {
+        "rows": rows,
+        "ar_fraction_of_roofline": {k: v / ar for k, v in result["roofline_ms"].items()},
+    }
+    print(f"{'mode':<12}{'engine ms':>10}{'ref ms':>9}{'x AR':>7}{'vs ref':>8}{'host ms':>9}")
+    for key, row in rows.items():
+        ref = f"{row['reference_ms']:.1f}" if row["reference_ms"] else "-"
+        speed = f"{row['speedup_vs_reference']:.1f}x" if row["speedup_vs_reference"] else "-"
+        print(
+            f"{key:<12}{row['engine_ms']:>10.2f}{ref:>9}{row['vs_engine_ar']:>7.2f}{speed:>8}{row['host_ms']:>9.3f}"
+        )
+    for k, v in result["summary"]["ar_fraction_of_roofline"].items():
+        print(f"AR at {100 * v:.0f}% of the roofline ({k} weights: {result['roofline_ms'][k]:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""`specdeploy profile`: the speed of one decoding configuration, with the per-step breakdown."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from specdeploy.errors import SpecdeployError
+
+
+def profile(
+    target: Annotated[
+        str | None, typer.Option(help="Target checkpoint directory or zoo:NAME (or use --random-shape).")
+    ] = None,
+    draft: Annotated[
+        str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
+    budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step (ddtree only).")] = None,
+    random_shape: Annotated[
+        str | None,
+        typer.Option(
+            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b."
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",
+    prompt_tokens: Annotated[int, typer.Option(help="Length of the random prompt.")] = 512,
+    new_tokens: Annotated[int, typer.Option(help="Tokens to generate (EOS ignored).")] = 128,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Decode a random prompt in one mode and print tokens/s, ms per step and the step's breakdown
+    (draft, tree, verify, commit on the device; host: the rest of the step's wall time)."""
+    from specdeploy.engine.runtime import load_engine, resolve_device, resolve_dtype, set_cpu_threads
+    from specdeploy.perf.profile import profile_decoding, random_prompt
+
+    if prompt_tokens < 1 or new_tokens < 2:
+        raise SpecdeployError("--prompt-tokens must be at least 1 and --new-tokens at least 2")
+    if random_shape is not None:
+        from specdeploy.engine.decode import check_mode
+        from specdeploy.perf.random_models import random_pair
+        from specdeploy.perf.shapes import get_shape
+
+        if target is not None or draft is not None:
+            raise SpecdeployError("give either --random-shape or --target/--draft, not both")
+        check_mode(mode, True, budget)
+        torch_device = resolve_device(device)
+        if torch_device.type == "cpu":
+            set_cpu_threads(threads)
+        model, drafter = random_pair(
+            get_shape(random_shape), torch_device, resolve_dtype(dtype, torch_device)
+        )
+        drafter = drafter if mode != "ar" else None
+    elif target is None:
+        raise SpecdeployError("give --target PATH (or zoo:NAME) or --random-shape NAME")
+    else:
+        engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
+        model, drafter = engine.decoder.target, engine.decoder.drafter
+    prompt = random_prompt(model.config.vocab_size, prompt_tokens)
+    result = profile_decoding(model, drafter, mode, budget, prompt, new_tokens)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+        return
+    label = mode if budget is None else f"{mode} (budget {budget})"
+    typer.echo(
+        f"{label} on {result.device} ({result.dtype}): {result.tokens_per_s:.1f} tokens/s, "
+        f"{result.ms_per_step:.2f} ms/step, tau {result.tau:.2f} over {result.steps} steps"
+    )
+    typer.echo("per step: " + ", ".join(f"{k} {v:.3f} ms" for k, v in result.breakdown_ms.items()))
+    for stage, reason in result.eager_stages.items():
+        typer.echo(f"stage {stage} ran eagerly: {reason}")

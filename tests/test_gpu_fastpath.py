@@ -1,0 +1,91 @@
+"""The CUDA fast path against its own eager and torch versions: Triton ops, CUDA graphs, sampling streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_helpers import write_pair
+
+from specdeploy.engine import ops
+from specdeploy.engine.decode import Decoder, SamplingParams
+from specdeploy.engine.drafter import load_drafter
+from specdeploy.engine.loading import load_target
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+PROMPT = [3, 17, 9, 41, 5, 22, 8]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fastpath")
+    return {family: write_pair(root, family, logit_scale=4.0) for family in ("qwen3", "deepseek_v3")}
+
+
+def triton():
+    kernels = ops._triton_kernels()
+    assert kernels is not None, "Triton did not import on this CUDA machine"
+    return kernels
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal up to the order of float32 sums: 1e-5 in float32, one rounding step in bf16."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), atol=1e-3, rtol=2**-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_triton_rms_norm_equals_torch(dtype, zero_centered):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(3, 5, 4096, device="cuda", generator=gen).to(dtype)
+    residual = torch.randn(3, 5, 4096, device="cuda", generator=gen).to(dtype)
+    weight = (1 + 0.1 * torch.randn(4096, device="cuda", generator=gen)).to(dtype)
+    close(
+        triton().rms_norm(x, weight, 1e-6, None, zero_centered),
+        ops.torch_rms_norm(x, weight, 1e-6, None, zero_centered),
+    )
+    got_out, got_sum = triton().rms_norm(x, weight, 1e-6, residual, zero_centered)
+    want_out, want_sum = ops.torch_rms_norm(x, weight, 1e-6, residual, zero_centered)
+    assert torch.equal(got_sum, want_sum)
+    close(got_out, want_out)
+    # per-head norms over a strided view into a wider projection, as q_norm sees them
+    heads = torch.randn(2, 7, 48, 128, device="cuda", generator=gen).to(dtype)[:, :, 8:40]
+    close(triton().rms_norm(heads, weight[:128], 1e-6, None, zero_centered),
+          ops.torch_rms_norm(heads, weight[:128], 1e-6, None, zero_centered))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_silu_mul_equals_torch(dtype):
+    x = torch.randn(5, 2 * 12288, device="cuda").to(dtype)
+    close(triton().silu_mul(x), ops.torch_silu_mul(x))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_cuda_graphs_replay_exactly_what_eager_runs(pairs, family, temperature):
+    target = load_target(pairs[family][0], "cuda", torch.bfloat16)
+    drafter = load_drafter(pairs[family][1], "cuda", torch.bfloat16)
+    params = SamplingParams(temperature=temperature, max_new_tokens=40, ignore_eos=True, seed=3)
+    for mode, budget in [("ar", None), ("dflash", None), ("ddtree", 6), ("ddtree", 32)]:
+        graphed = Decoder(target, drafter if mode != "ar" else None, mode, budget)
+        eager = Decoder(target, drafter if mode != "ar" else None, mode, budget, cuda_graphs=False)
+        a, b = graphed.generate(PROMPT, params), eager.generate(PROMPT, params)
+        assert a.token_ids == b.token_ids and a.accept_lengths == b.accept_lengths, (mode, budget)
+        assert graphed.runner.graphs.graphs, "nothing was captured"
+        assert not graphed.runner.graphs.eager_reasons, graphed.runner.graphs.eager_reasons
+
+
+def test_seeded_ddtree_reproduces_the_ar_sample_on_cuda(pairs):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = load_target(pairs["qwen3"][0], "cuda", torch.float32)
+    drafter = load_drafter(pairs["qwen3"][1], "cuda", torch.float32)
+    for seed in range(5):
+        params = SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True, seed=seed)
+        ar = Decoder(target, mode="ar").generate(PROMPT, params).token_ids
+        assert Decoder(target, drafter, "ddtree", 8).generate(PROMPT, params).token_ids == ar
