@@ -163,9 +163,10 @@ def main() -> None:
     block = shape.drafter["block_size"]
     target_dir, draft_dir = args.workdir / "target", args.workdir / "draft"
 
-    target, drafter = reference_models(shape, device)
     if args.ddtree_repo is not None:
         dflash_generate, ddtree_generate = reference_generate(args.ddtree_repo)
+    target, drafter = reference_models(shape, device)
+    if args.ddtree_repo is not None:
         ids = torch.tensor([prompt], device=device)
         common = dict(model=drafter, target=target, input_ids=ids, mask_token_id=mask_id, stop_token_ids=None)
         dflash_generate(**common, max_new_tokens=16, block_size=1)  # warm-up

@@ -89,3 +89,20 @@ def test_seeded_ddtree_reproduces_the_ar_sample_on_cuda(pairs):
         params = SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True, seed=seed)
         ar = Decoder(target, mode="ar").generate(PROMPT, params).token_ids
         assert Decoder(target, drafter, "ddtree", 8).generate(PROMPT, params).token_ids == ar
+
+
+@pytest.mark.parametrize("budget", [1, 16, 64, 256])
+def test_triton_tree_equals_the_torch_tree(budget):
+    from specdeploy.engine.tree import TreeBatch, best_first_tree
+
+    gen = torch.Generator(device="cuda").manual_seed(budget)
+    logprobs = torch.log_softmax(3 * torch.randn(2, 15, 151936, device="cuda", generator=gen), dim=-1)
+    root = torch.tensor([3, 4], device="cuda")
+    got = best_first_tree(root, logprobs, budget)
+    top_logp, top_tokens = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+    kernel = TreeBatch(*triton().best_first_tree(root, top_logp, top_tokens, budget))
+    with torch.device("cpu"):
+        reference = best_first_tree(root.cpu(), logprobs.cpu(), budget)  # the torch selection on the CPU
+    for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+        assert torch.equal(getattr(got, name).cpu(), getattr(reference, name)), name
+        assert torch.equal(getattr(kernel, name).cpu(), getattr(reference, name)), name

@@ -22,17 +22,12 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.nn import functional as F
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
-from specdeploy.engine.models.layers import (
-    DecoderLayer,
-    MergedLinear,
-    RMSNorm,
-    SwiGLU,
-    attend,
-    load_checkpoint_state,
-)
-from specdeploy.engine.models.rope import Rope, RotaryEmbedding, apply_rope, rope_parameters
+from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, load_checkpoint_state
+from specdeploy.engine.models.qwen3 import qk_norm_attention
+from specdeploy.engine.models.rope import Rope, RotaryEmbedding, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -217,30 +212,25 @@ class DraftAttention(nn.Module):
     def cache_entry(self) -> EntryShape:
         return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
 
-    def _keys_values(
-        self, x: torch.Tensor, proj: torch.Tensor, rope: Rope
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b, tokens, _ = x.shape
-        k, v = proj.view(b, tokens, 2 * self.kv_heads, self.head_dim).split(self.kv_heads, dim=2)
-        return apply_rope(self.k_norm(k), rope), v
-
     def write_context(
         self, projected: torch.Tensor, rope: Rope, slots: torch.Tensor, cache: StaticCache
     ) -> None:
         """Store the keys/values of projected context features [B, C, H] at flat `slots`."""
+        b, tokens, _ = projected.shape
         query_size = self.heads * self.head_dim
         bias = self.qkv_proj.bias[query_size:] if self.qkv_proj.bias is not None else None
         kv = F.linear(projected, self.qkv_proj.weight[query_size:], bias)
-        cache.write(self.layer_idx, slots, 0, *self._keys_values(projected, kv, rope))
+        k, v = kv.view(b, tokens, 2 * self.kv_heads, self.head_dim).split(self.kv_heads, dim=2)
+        k_cache, v_cache = (t.view(-1, *t.shape[2:]) for t in cache.entry(self.layer_idx))
+        ops.qk_norm_rope_store(
+            None, k, v, None, self.k_norm.weight, self.k_norm.eps, False, rope, slots, k_cache, v_cache
+        )
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        q, kv = self.qkv_proj(x).split([self.heads * self.head_dim, 2 * self.kv_heads * self.head_dim], -1)
-        q = apply_rope(self.q_norm(q.view(b, tokens, self.heads, self.head_dim)), batch.rope)
-        keys, values = cache.write(
-            self.layer_idx, batch.flat_slots, batch.window, *self._keys_values(x, kv, batch.rope)
-        )
-        return self.o_proj(attend(q, keys, values, batch, self.head_dim**-0.5))
+        qkv = self.qkv_proj(x).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        return self.o_proj(qk_norm_attention(self, q, k, v, batch, cache))
 
 
 def layer_visibility(

@@ -13,6 +13,8 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+from specdeploy.engine.models.rope import Rope, apply_rope
+
 
 @cache
 def _triton_kernels():
@@ -28,6 +30,11 @@ def _triton_kernels():
 
 def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and _triton_kernels() is not None
+
+
+def triton_kernels_for(x: torch.Tensor):
+    """The Triton kernel module when `x` lives where the kernels run (CUDA), else None."""
+    return _triton_kernels() if x.is_cuda else None
 
 
 def rms_norm(
@@ -78,3 +85,45 @@ def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu_mul` in plain torch ops."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """RoPE on the first rotary-dim channels of x [B, T, heads, D] (all of them, usually); the rest pass."""
+    rotated = rope[0].shape[-1]
+    if rotated == x.shape[-1]:
+        return apply_rope(x, rope)
+    return torch.cat([apply_rope(x[..., :rotated], rope), x[..., rotated:]], dim=-1)
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor,
+    eps: float,
+    zero_centered: bool,
+    rope: Rope,
+    flat_slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> torch.Tensor | None:
+    """Qwen3-style attention inputs in one pass: per-head RMSNorm and RoPE of queries q [B, T, H, D] and keys
+    k [B, T, Hkv, D]; keys and values v stored at `flat_slots` of the caches [B * capacity, Hkv, D]; the
+    queries returned folded by key head, [B, Hkv, H / Hkv, T, D] (None without queries)."""
+    if _use_triton(k):
+        query = q if q is not None else k[:, :, :0]
+        weight = q_weight if q_weight is not None else k_weight
+        folded = _triton_kernels().qk_norm_rope_store(
+            query, k, v, weight, k_weight, eps, rope[0], rope[1], flat_slots, k_cache, v_cache, zero_centered
+        )
+        return folded if q is not None else None
+    k = rotate(torch_rms_norm(k, k_weight, eps, None, zero_centered), rope)
+    k_cache.index_copy_(0, flat_slots, k.reshape(-1, *k.shape[2:]))
+    v_cache.index_copy_(0, flat_slots, v.reshape(-1, *v.shape[2:]))
+    if q is None:
+        return None
+    q = rotate(torch_rms_norm(q, q_weight, eps, None, zero_centered), rope)
+    b, tokens, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    return q.view(b, tokens, kv_heads, heads // kv_heads, dim).permute(0, 2, 3, 1, 4).contiguous()

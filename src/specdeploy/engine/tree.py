@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdeploy.engine import ops
+
 
 @dataclass
 class TreeBatch:
@@ -80,6 +82,9 @@ def best_first_tree(root: torch.Tensor, logprobs: torch.Tensor, budget: int) -> 
     device = logprobs.device
     width = min(budget, vocab)
     top_logp, top_tokens = torch.topk(logprobs.float(), width, dim=-1)
+    kernels = ops.triton_kernels_for(logprobs)
+    if kernels is not None:  # the same selection in one kernel launch
+        return TreeBatch(*kernels.best_first_tree(root, top_logp, top_tokens, budget))
     scores, parents, tokens, depths = [top_logp[:, 0]], [], [top_tokens[:, 0]], [width]
     parents.append(torch.full_like(top_tokens[:, 0], -1))  # -1: the root
     offset = 0  # index of the previous depth's first candidate among all candidates

@@ -113,3 +113,331 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         rows, out, inter, rows.stride(0), BLOCK=block, num_warps=4
     )
     return out
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """Round a float32 value to the model dtype and back: what a torch op in that dtype stores."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    q_row,  # row and head strides of each view; rows are (batch, token) pairs
+    q_head,
+    k_row,
+    k_head,
+    v_row,
+    v_head,
+    stride_cos_batch,
+    tokens,
+    heads,
+    kv_heads,
+    eps,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)  # query heads first, then key heads (each also stores its value head)
+    b = row // tokens
+    t = row % tokens
+    dtype = q_out_ptr.dtype.element_ty
+    offs = tl.arange(0, D)
+    half: tl.constexpr = R // 2
+    partner = tl.where(offs < half, offs + half, offs - half)  # where rotate_half takes each dim from
+    rotated = offs < R
+    is_query = head < heads
+    if is_query:
+        source = q_ptr + row * q_row + head * q_head
+        weight_ptr = q_weight_ptr
+    else:
+        source = k_ptr + row * k_row + (head - heads) * k_head
+        weight_ptr = k_weight_ptr
+    x = tl.load(source + offs).to(tl.float32)
+    x_partner = tl.load(source + partner, mask=rotated, other=0.0).to(tl.float32)
+    w = tl.load(weight_ptr + offs).to(tl.float32)
+    w_partner = tl.load(weight_ptr + partner, mask=rotated, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    if ZERO_CENTERED:
+        normed = _round(x * inv * (1.0 + w), dtype)
+        normed_partner = _round(x_partner * inv * (1.0 + w_partner), dtype)
+    else:
+        normed = _round(_round(x * inv, dtype) * w, dtype)
+        normed_partner = _round(_round(x_partner * inv, dtype) * w_partner, dtype)
+    cos = tl.load(cos_ptr + b * stride_cos_batch + t * R + offs, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + b * stride_cos_batch + t * R + offs, mask=rotated, other=0.0).to(tl.float32)
+    sign = tl.where(offs < half, -1.0, 1.0)
+    out = _round(_round(normed * cos, dtype) + _round(sign * normed_partner * sin, dtype), dtype)
+    out = tl.where(rotated, out, normed).to(dtype)
+    if is_query:
+        group = heads // kv_heads
+        index = ((b * kv_heads + head // group) * group + head % group) * tokens + t
+        tl.store(q_out_ptr + index * D + offs, out)
+    else:
+        kv_head = head - heads
+        slot = tl.load(slot_ptr + row)
+        tl.store(k_cache_ptr + (slot * kv_heads + kv_head) * D + offs, out)
+        value = tl.load(v_ptr + row * v_row + kv_head * v_head + offs)
+        tl.store(v_cache_ptr + (slot * kv_heads + kv_head) * D + offs, value)
+
+
+def _row_head_strides(x: torch.Tensor) -> tuple[int, int]:
+    """(row, head) strides of a [B, T, heads, D] view whose (B, T) rows are evenly spaced."""
+    if x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1):
+        raise ValueError("batch rows of the projection view are not evenly spaced")
+    return x.stride(1), x.stride(2)
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    flat_slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    zero_centered: bool,
+) -> torch.Tensor:
+    batch, tokens, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    q_out = torch.empty(batch, kv_heads, heads // kv_heads, tokens, dim, dtype=q.dtype, device=q.device)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _qk_norm_rope_store_kernel[(batch * tokens, heads + kv_heads)](
+        q,
+        k,
+        v,
+        q_weight,
+        k_weight,
+        cos,
+        sin,
+        flat_slots,
+        q_out,
+        k_cache,
+        v_cache,
+        *_row_head_strides(q),
+        *_row_head_strides(k),
+        *_row_head_strides(v),
+        cos.stride(0) if cos.shape[0] > 1 else 0,
+        tokens,
+        heads,
+        kv_heads,
+        eps,
+        D=dim,
+        R=cos.shape[-1],
+        ZERO_CENTERED=zero_centered,
+        num_warps=1 if dim <= 128 else 2,
+    )
+    return q_out
+
+
+# ------------------------------------------------------------------------------------- DDTree build
+
+
+@triton.jit
+def _sort_key(score, index, capacity: tl.constexpr):
+    """int64 keys that sort like (score, then lower index first) when sorted in descending order."""
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # monotonic in the float's value
+    return (ordered.to(tl.int64) << 32) | (capacity - 1 - index).to(tl.int64)
+
+
+@triton.jit
+def _best_first_tree_kernel(
+    top_logp_ptr,  # [B, L, W] float32, sorted descending per depth
+    top_token_ptr,  # [B, L, W] int64
+    pair_parent_ptr,  # [PAIRS] int32: staircase pairs (i, j) with (i + 1) * (j + 1) <= budget
+    pair_rank_ptr,  # [PAIRS] int32
+    count_ptr,  # [L] int32: prefixes kept at each depth, min(budget, WIDTH ** depth)
+    cand_score_ptr,  # [B, L, K] float32 scratch: each depth's best K prefixes, best first
+    cand_parent_ptr,  # [B, L, K] int32 scratch: parent's slot at the previous depth
+    cand_token_ptr,  # [B, L, K] int64 scratch
+    chosen_ptr,  # [B, L*K] int32 scratch: node index of each chosen candidate, 0 if not chosen
+    root_ptr,  # [B] int64
+    tokens_ptr,  # [B, N+1] int64 out
+    parents_ptr,  # [B, N+1] int64 out
+    depths_ptr,  # [B, N+1] int64 out
+    valid_ptr,  # [B, N+1] int8 out
+    num_pairs,
+    DEPTHS: tl.constexpr,
+    WIDTH: tl.constexpr,  # tokens per depth, min(budget, vocab)
+    K: tl.constexpr,  # prefixes kept per depth: the budget
+    KP: tl.constexpr,  # power of two >= K
+    PAIRS: tl.constexpr,  # power of two >= num_pairs
+    CANDIDATES: tl.constexpr,  # power of two >= DEPTHS * K
+    NODES: tl.constexpr,  # power of two >= budget + 1
+):
+    row = tl.program_id(0)
+    logp = top_logp_ptr + row * DEPTHS * WIDTH
+    scores = cand_score_ptr + row * DEPTHS * K
+    parent_slots = cand_parent_ptr + row * DEPTHS * K
+    tokens = cand_token_ptr + row * DEPTHS * K
+    slot = tl.arange(0, KP)
+    # depth 1: the best tokens themselves
+    first = slot < WIDTH
+    tl.store(scores + slot, tl.load(logp + slot, mask=first, other=float("-inf")), mask=slot < K)
+    tl.store(parent_slots + slot, tl.zeros([KP], dtype=tl.int32), mask=slot < K)
+    tokens0 = tl.load(top_token_ptr + row * DEPTHS * WIDTH + slot, mask=first, other=0)
+    tl.store(tokens + slot, tokens0, mask=slot < K)
+    pair = tl.arange(0, PAIRS)
+    pi = tl.load(pair_parent_ptr + pair, mask=pair < num_pairs, other=0)
+    pj = tl.load(pair_rank_ptr + pair, mask=pair < num_pairs, other=0)
+    for depth in tl.static_range(1, DEPTHS):
+        tl.debug_barrier()  # the previous depth's stores are visible to every thread
+        available = tl.load(count_ptr + depth - 1)  # prefixes at the previous depth
+        usable = (pair < num_pairs) & (pi < available) & (pj < WIDTH)
+        parent_score = tl.load(scores + (depth - 1) * K + pi, mask=usable, other=0.0)
+        token_score = tl.load(logp + depth * WIDTH + pj, mask=usable, other=0.0)
+        key = _sort_key(parent_score + token_score, pair, PAIRS)
+        key = tl.where(usable, key, -(2**63) + 1)
+        best = tl.sort(key, descending=True)
+        # the first K sorted keys are this depth's best extensions, best first
+        best_pair = (PAIRS - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+        keep = (tl.arange(0, PAIRS) < K) & (best > -(2**63) + 1)
+        i = tl.load(pair_parent_ptr + best_pair, mask=keep, other=0)
+        j = tl.load(pair_rank_ptr + best_pair, mask=keep, other=0)
+        value = tl.load(scores + (depth - 1) * K + i, mask=keep, other=0.0) + tl.load(
+            logp + depth * WIDTH + j, mask=keep, other=0.0
+        )
+        out = tl.arange(0, PAIRS)
+        tl.store(scores + depth * K + out, tl.where(keep, value, float("-inf")), mask=out < K)
+        tl.store(parent_slots + depth * K + out, i, mask=out < K)
+        token = tl.load(top_token_ptr + row * DEPTHS * WIDTH + depth * WIDTH + j, mask=keep, other=0)
+        tl.store(tokens + depth * K + out, token, mask=out < K)
+    tl.debug_barrier()
+    # the best `budget` prefixes of all depths; ties go to the shallower (lower candidate index)
+    c = tl.arange(0, CANDIDATES)
+    in_range = c < DEPTHS * K
+    candidate_score = tl.load(scores + c, mask=in_range, other=float("-inf"))
+    real = in_range & (candidate_score > float("-inf"))
+    key = tl.where(real, _sort_key(candidate_score, c, CANDIDATES), -(2**63) + 1)
+    best = tl.sort(key, descending=True)
+    best_c = CANDIDATES - 1 - (best & 0xFFFFFFFF)
+    taken = (tl.arange(0, CANDIDATES) < K) & (best > -(2**63) + 1)
+    chosen = chosen_ptr + row * DEPTHS * K
+    tl.store(chosen + c, tl.zeros([CANDIDATES], dtype=tl.int32), mask=in_range)
+    tl.debug_barrier()
+    tl.store(chosen + best_c, tl.full([CANDIDATES], 1, tl.int32), mask=taken)
+    tl.debug_barrier()
+    flags = tl.load(chosen + c, mask=in_range, other=0)
+    node = tl.cumsum(flags, axis=0)  # depth order: a parent's node index is below its children's
+    tl.debug_barrier()
+    tl.store(chosen + c, node * flags, mask=in_range)
+    # outputs: padding first, then every chosen candidate at its node index
+    n = tl.arange(0, NODES)
+    out_row = row * (K + 1)
+    head = n < K + 1
+    root = tl.load(root_ptr + row)
+    tl.store(tokens_ptr + out_row + n, tl.where(n == 0, root, 0), mask=head)
+    tl.store(parents_ptr + out_row + n, tl.zeros([NODES], dtype=tl.int64), mask=head)
+    tl.store(depths_ptr + out_row + n, tl.zeros([NODES], dtype=tl.int64), mask=head)
+    tl.store(valid_ptr + out_row + n, (n == 0).to(tl.int8), mask=head)
+    tl.debug_barrier()
+    picked = in_range & (flags > 0)
+    depth_of = c // K
+    parent_c = (depth_of - 1) * K + tl.load(parent_slots + c, mask=picked, other=0)
+    parent_node = tl.where(
+        depth_of == 0, 0, tl.load(chosen + parent_c, mask=picked & (depth_of > 0), other=0)
+    )
+    tl.store(tokens_ptr + out_row + node, tl.load(tokens + c, mask=picked, other=0), mask=picked)
+    tl.store(parents_ptr + out_row + node, parent_node.to(tl.int64), mask=picked)
+    tl.store(depths_ptr + out_row + node, (depth_of + 1).to(tl.int64), mask=picked)
+    tl.store(valid_ptr + out_row + node, tl.full([CANDIDATES], 1, tl.int8), mask=picked)
+
+
+@triton.jit
+def _ancestors_kernel(
+    parents_ptr, ancestors_ptr, NODES: tl.constexpr, SIZE: tl.constexpr, DEPTHS: tl.constexpr
+):
+    row = tl.program_id(0)
+    node = tl.program_id(1)
+    n = tl.arange(0, NODES)
+    seen = n == node
+    current = node
+    for _ in tl.static_range(DEPTHS):
+        current = tl.load(parents_ptr + row * SIZE + current)
+        seen = seen | (n == current)
+    tl.store(ancestors_ptr + (row * SIZE + node) * SIZE + n, seen.to(tl.int8), mask=n < SIZE)
+
+
+_constants: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, ...]] = {}
+
+
+def tree_constants(budget: int, width: int, depths: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(parent rank, token rank) of the staircase pairs, and the prefixes kept per depth.
+
+    Only pairs with (i + 1) * (j + 1) <= budget can be among the `budget` largest sums of two descending
+    lists (at least (i + 1) * (j + 1) sums are as large). Made once, outside any CUDA graph capture.
+    """
+    key = (budget, width, depths, device)
+    if key not in _constants:
+        pairs = [(i, j) for i in range(budget) for j in range(min(width, budget // (i + 1)))]
+        parent, rank = (
+            torch.tensor(col, dtype=torch.int32, device=device) for col in zip(*pairs, strict=True)
+        )
+        counts = torch.tensor([min(budget, width ** (d + 1)) for d in range(depths)], dtype=torch.int32)
+        _constants[key] = (parent, rank, counts.to(device))
+    return _constants[key]
+
+
+def best_first_tree(
+    root: torch.Tensor, top_logp: torch.Tensor, top_tokens: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, ...]:
+    """(tokens, parents, depths, valid, ancestors) of the DDTree tree, from each depth's best tokens."""
+    batch, depths, width = top_logp.shape
+    device = top_logp.device
+    pair_parent, pair_rank, counts = tree_constants(budget, width, depths, device)
+    size = budget + 1
+    scores = torch.empty(batch, depths, budget, device=device)
+    parent_slots = torch.empty(batch, depths, budget, dtype=torch.int32, device=device)
+    cand_tokens = torch.empty(batch, depths, budget, dtype=torch.long, device=device)
+    chosen = torch.empty(batch, depths * budget, dtype=torch.int32, device=device)
+    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
+    parents = torch.empty_like(tokens)
+    tree_depths = torch.empty_like(tokens)
+    valid = torch.empty(batch, size, dtype=torch.int8, device=device)
+    _best_first_tree_kernel[(batch,)](
+        top_logp.contiguous(),
+        top_tokens.contiguous(),
+        pair_parent,
+        pair_rank,
+        counts,
+        scores,
+        parent_slots,
+        cand_tokens,
+        chosen,
+        root,
+        tokens,
+        parents,
+        tree_depths,
+        valid,
+        pair_parent.numel(),
+        DEPTHS=depths,
+        WIDTH=width,
+        K=budget,
+        KP=triton.next_power_of_2(budget),
+        PAIRS=triton.next_power_of_2(pair_parent.numel()),
+        CANDIDATES=triton.next_power_of_2(depths * budget),
+        NODES=triton.next_power_of_2(size),
+        num_warps=8,
+    )
+    ancestors = torch.empty(batch, size, size, dtype=torch.int8, device=device)
+    _ancestors_kernel[(batch, size)](
+        parents, ancestors, NODES=triton.next_power_of_2(size), SIZE=size, DEPTHS=depths, num_warps=1
+    )
+    return tokens, parents, tree_depths, valid.bool(), ancestors.bool()

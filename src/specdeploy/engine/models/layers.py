@@ -78,17 +78,26 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], stri
 def attend(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: ForwardBatch, scale: float
 ) -> torch.Tensor:
-    """Attention of q [B, T, H, D] over keys [B, S, Hkv, D] and values [B, S, Hkv, Dv] -> [B, T, H * Dv].
-
-    Grouped heads are folded into the query axis ([B, Hkv, G*T, D]) instead of repeating keys and values,
-    so one call serves MHA, GQA and MLA's single latent head on every SDPA backend.
-    """
+    """Attention of q [B, T, H, D] over keys [B, S, Hkv, D] and values [B, S, Hkv, Dv] -> [B, T, H * Dv]."""
     b, tokens, heads, dim = q.shape
-    kv_heads, value_dim = keys.shape[2], values.shape[-1]
-    group = heads // kv_heads
-    folded = q.view(b, tokens, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, dim)
+    kv_heads = keys.shape[2]
+    folded = q.view(b, tokens, kv_heads, heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
+    return attend_folded(folded, keys, values, batch, scale)
+
+
+def attend_folded(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: ForwardBatch, scale: float
+) -> torch.Tensor:
+    """Attention of queries folded by key head, q [B, Hkv, G, T, D], over keys [B, S, Hkv, D] and values
+    [B, S, Hkv, Dv] -> [B, T, Hkv * G * Dv] (query head h = key head * G + g, as GQA pairs them).
+
+    Folding each key head's G query heads into the query axis ([B, Hkv, G*T, D]) instead of repeating keys
+    and values serves MHA, GQA and MLA's single latent head with one call on every SDPA backend.
+    """
+    b, kv_heads, group, tokens, dim = q.shape
+    value_dim = values.shape[-1]
     out = F.scaled_dot_product_attention(
-        folded,
+        q.reshape(b, kv_heads, group * tokens, dim),
         keys.transpose(1, 2),
         values.transpose(1, 2),
         attn_mask=batch.attention_bias(group, q.dtype),

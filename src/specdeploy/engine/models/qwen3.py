@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
 from specdeploy.engine.models.config import config_value, require_silu
-from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, attend
-from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope, rope_parameters
+from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, attend_folded
+from specdeploy.engine.models.rope import RotaryEmbedding, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 
@@ -29,6 +30,34 @@ def reject_sliding_window(config: dict[str, Any]) -> None:
             "sliding-window attention layers are not supported by the reference engine: "
             "use a checkpoint with use_sliding_window false"
         )
+
+
+def qk_norm_attention(
+    module: nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: ForwardBatch,
+    cache: StaticCache,
+) -> torch.Tensor:
+    """Attention with per-head q/k RMSNorm and RoPE (Qwen3 and its relatives): `module` has q_norm, k_norm,
+    layer_idx and head_dim; q [B, T, H, D], k and v [B, T, Hkv, D] -> [B, T, H * D]."""
+    k_cache, v_cache = (t.view(-1, *t.shape[2:]) for t in cache.entry(module.layer_idx))
+    folded = ops.qk_norm_rope_store(
+        q,
+        k,
+        v,
+        module.q_norm.weight,
+        module.k_norm.weight,
+        module.k_norm.eps,
+        module.k_norm.zero_centered,
+        batch.rope,
+        batch.flat_slots,
+        k_cache,
+        v_cache,
+    )
+    keys, values = (t[:, : batch.window] for t in cache.entry(module.layer_idx))
+    return attend_folded(folded, keys, values, batch, module.head_dim**-0.5)
 
 
 class Qwen3Attention(nn.Module):
@@ -57,10 +86,7 @@ class Qwen3Attention(nn.Module):
         b, tokens, _ = x.shape
         qkv = self.qkv_proj(x).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
-        q = apply_rope(self.q_norm(q), batch.rope)
-        k = apply_rope(self.k_norm(k), batch.rope)
-        keys, values = cache.write(self.layer_idx, batch.flat_slots, batch.window, k, v)
-        return self.o_proj(attend(q, keys, values, batch, self.head_dim**-0.5))
+        return self.o_proj(qk_norm_attention(self, q, k, v, batch, cache))
 
 
 class Qwen3ForCausalLM(TargetModel):

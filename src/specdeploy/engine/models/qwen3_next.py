@@ -29,11 +29,10 @@ from specdeploy.engine.models.layers import (
     MergedLinear,
     SwiGLU,
     ZeroCenteredRMSNorm,
-    attend,
 )
-from specdeploy.engine.models.qwen3 import head_dim
+from specdeploy.engine.models.qwen3 import head_dim, qk_norm_attention
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeSparseBlock
-from specdeploy.engine.models.rope import Rope, RotaryEmbedding, apply_rope, rope_parameters
+from specdeploy.engine.models.rope import RotaryEmbedding, rope_parameters
 from specdeploy.errors import SpecdeployError
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -68,12 +67,6 @@ def partial_rope(config: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return rope_parameters({**config, layout: params}), rotated
 
 
-def rotate_partially(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """RoPE on the first rope-dim channels of x [B, T, heads, head_dim]; the rest pass through."""
-    rotated = rope[0].shape[-1]
-    return torch.cat([apply_rope(x[..., :rotated], rope), x[..., rotated:]], dim=-1)
-
-
 class GatedAttention(nn.Module):
     """Caches post-norm, post-RoPE keys and values, [kv_heads, head_dim] each per slot."""
 
@@ -103,11 +96,9 @@ class GatedAttention(nn.Module):
             [2 * self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
         )
         q, gate = query_gate.view(b, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = rotate_partially(self.q_norm(q), batch.rope)
-        k = rotate_partially(self.k_norm(k.view(b, tokens, self.kv_heads, self.head_dim)), batch.rope)
+        k = k.view(b, tokens, self.kv_heads, self.head_dim)
         v = v.view(b, tokens, self.kv_heads, self.head_dim)
-        keys, values = cache.write(self.layer_idx, batch.flat_slots, batch.window, k, v)
-        out = attend(q, keys, values, batch, self.head_dim**-0.5)
+        out = qk_norm_attention(self, q, k, v, batch, cache)
         return self.o_proj(out * torch.sigmoid(gate.reshape(b, tokens, -1)))
 
 

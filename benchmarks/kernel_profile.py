@@ -1,0 +1,104 @@
+"""Where a decoding step's device time goes, kernel by kernel, on random weights of a named shape.
+
+Runs each mode's stages eagerly (the kernels a CUDA graph replays are the same) under torch.profiler and
+prints the kernels by total device time per step, plus two ceilings measured in the same run: a GEMV of
+the shape's largest projection against the copy bandwidth, and a decode attention call.
+
+    python benchmarks/kernel_profile.py --shape qwen3-8b --modes ar,ddtree-64 --out profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
+from specdeploy.perf.profile import random_prompt  # noqa: E402
+from specdeploy.perf.random_models import random_pair  # noqa: E402
+from specdeploy.perf.shapes import get_shape  # noqa: E402
+
+
+def timed(fn, repeats: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def ceilings(hidden: int, inter: int) -> dict:
+    weight = torch.randn(2 * inter, hidden, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    gemv_ms = timed(lambda: torch.nn.functional.linear(x, weight))
+    x65 = torch.randn(65, hidden, device="cuda", dtype=torch.bfloat16)
+    gemm65_ms = timed(lambda: torch.nn.functional.linear(x65, weight))
+    source = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
+    dest = torch.empty_like(source)
+    copy_ms = timed(lambda: dest.copy_(source), 10)
+    bytes_weight = weight.numel() * 2
+    return {
+        "gemv_ms": gemv_ms,
+        "gemv_tb_per_s": bytes_weight / gemv_ms / 1e9,
+        "gemm65_ms": gemm65_ms,
+        "copy_tb_per_s": 2 * (4 << 30) / copy_ms / 1e9,
+    }
+
+
+def kernel_table(decoder: Decoder, prompt: list[int], steps: int) -> list[dict]:
+    params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True)
+    decoder.generate(prompt, params)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = decoder.generate(prompt, params)
+    torch.cuda.synchronize()
+    per_step = max(result.num_steps, 1)
+    rows = []
+    for event in prof.key_averages():
+        device_us = event.self_device_time_total
+        if device_us > 0:
+            rows.append({"kernel": event.key[:90], "calls_per_step": event.count / per_step,
+                         "us_per_step": device_us / per_step})  # fmt: skip
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--modes", default="ar,ddtree-64")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    shape = get_shape(args.shape)
+    target, drafter = random_pair(shape, torch.device("cuda"), torch.bfloat16)
+    prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
+    inter = shape.target.get("intermediate_size")
+    result = {"shape": shape.name, "ceilings": ceilings(shape.target["hidden_size"], inter), "modes": {}}
+    print(result["ceilings"], flush=True)
+    for label in args.modes.split(","):
+        mode, _, budget = label.partition("-")
+        budget = int(budget) if budget else None
+        decoder = Decoder(target, drafter if mode != "ar" else None, mode, budget, cuda_graphs=False)
+        rows = kernel_table(decoder, prompt, args.steps)
+        result["modes"][label] = rows
+        total = sum(r["us_per_step"] for r in rows)
+        calls = sum(r["calls_per_step"] for r in rows)
+        print(f"\n{label}: {total / 1e3:.2f} ms of kernels, {calls:.0f} kernel launches per step")
+        for row in rows[:22]:
+            print(f"{row['us_per_step']:9.1f} us {row['calls_per_step']:7.1f}x  {row['kernel']}")
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

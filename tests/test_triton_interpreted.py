@@ -1,0 +1,81 @@
+"""The CUDA Triton kernels, run by Triton's interpreter on the CPU, against the torch code they replace.
+
+float32 only: the interpreter emulates the arithmetic but not bf16 rounding; bf16 and speed are checked on a
+GPU (test_gpu_fastpath.py). The interpreter must be switched on before Triton is imported, hence a fresh
+interpreter process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHECKS = textwrap.dedent(
+    """
+    import sys
+    import torch
+    sys.path.insert(0, "tests")
+    from specdeploy.engine import ops, triton_kernels as tk
+    from specdeploy.engine.models.rope import RotaryEmbedding
+    from specdeploy.engine.tree import TreeBatch, best_first_tree
+    from tree_oracle import heap_best_first_tree, tree_from_batch
+
+    torch.manual_seed(0)
+
+    def close(a, b):
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    for zero_centered in (False, True):
+        x, r, w = torch.randn(3, 5, 96), torch.randn(3, 5, 96), 1 + 0.1 * torch.randn(96)
+        close(tk.rms_norm(x, w, 1e-6, None, zero_centered), ops.torch_rms_norm(x, w, 1e-6, None, zero_centered))
+        for got, want in zip(tk.rms_norm(x, w, 1e-6, r, zero_centered),
+                             ops.torch_rms_norm(x, w, 1e-6, r, zero_centered)):
+            close(got, want)
+    gate_up = torch.randn(4, 2 * 300)
+    close(tk.silu_mul(gate_up), ops.torch_silu_mul(gate_up))
+
+    # Qwen3 layout (q|k|v heads) and Qwen3-Next's (query and gate per head, partial rotary, zero-centred norms)
+    B, T, H, HKV, D, C = 2, 3, 8, 2, 64, 16
+    for query_width, rotary, zero_centered in ((D, D, False), (2 * D, 16, True)):
+        proj = torch.randn(B, T, H * query_width + 2 * HKV * D)
+        queries, k, v = proj.split([H * query_width, HKV * D, HKV * D], -1)
+        q = queries.view(B, T, H, query_width)[..., :D]
+        k, v = k.view(B, T, HKV, D), v.view(B, T, HKV, D)
+        qw, kw = 1 + 0.1 * torch.randn(D), 1 + 0.1 * torch.randn(D)
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 1e4}, rotary, 512)(
+            torch.randint(0, 100, (1, T)), torch.float32
+        )
+        slots = torch.randperm(B * C)[: B * T]
+        caches = [torch.zeros(B * C, HKV, D) for _ in range(4)]
+        got = tk.qk_norm_rope_store(q, k, v, qw, kw, 1e-6, *rope, slots, caches[0], caches[1], zero_centered)
+        want = ops.qk_norm_rope_store(q, k, v, qw, kw, 1e-6, zero_centered, rope, slots, caches[2], caches[3])
+        close(got, want)
+        close(caches[0], caches[2])
+        close(caches[1], caches[3])
+
+    for depths, vocab, budget in ((3, 5, 7), (2, 3, 20), (7, 50, 16), (15, 300, 32)):
+        logprobs = torch.log_softmax(3 * torch.randn(2, depths, vocab), dim=-1)
+        root = torch.tensor([5, 9])
+        top = torch.topk(logprobs, min(budget, vocab), dim=-1)
+        got = TreeBatch(*tk.best_first_tree(root, top.values, top.indices, budget))
+        want = best_first_tree(root, logprobs, budget)
+        for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)
+        assert tree_from_batch(got).paths() == heap_best_first_tree(logprobs[0], budget).paths()
+    print("ok")
+    """
+)
+
+
+def test_triton_kernels_equal_their_torch_versions_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
