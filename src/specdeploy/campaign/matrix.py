@@ -119,8 +119,12 @@ def bench_runs(spec: CampaignSpec, server: ServerConfig, out: Path) -> list[Benc
     return runs
 
 
+def ar_server_id(tp: int) -> str:
+    return f"tp{tp}-ar"
+
+
 def ar_run_path(out: Path, tp: int, dataset: str) -> Path:
-    return out / RUNS_DIR / f"tp{tp}-ar" / dataset
+    return out / RUNS_DIR / ar_server_id(tp) / dataset
 
 
 def server_dir(out: Path, server: ServerConfig, start: int) -> Path:
