@@ -13,7 +13,7 @@ from specdeploy.deploy.launchers import (
     with_flag,
 )
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.launch_plan import EngineSpec, ModelRef
+from specdeploy.plan.launch_plan import ModelRef
 
 
 def test_with_flag_replaces_both_spellings_and_appends():

@@ -32,12 +32,27 @@ class SmokeResult(BaseModel):
     latency_s: float
     verify_steps: int | None  # SGLang `meta_info.spec_verify_ct`; None without speculation
     tau: float | None  # tokens committed per verify step, bonus token included
+    output_ids: list[int] | None = None  # when the server returns them
+
+
+class GreedyCheck(BaseModel):
+    """The speculative server's greedy answers against the AR server's, prompt by prompt."""
+
+    reference: str  # where the AR answers come from
+    unit: str  # "tokens" or "characters"
+    required: list[int]  # per prompt: leading units that must agree
+    agreed: list[int]  # per prompt: leading units that do agree
+
+    @property
+    def passed(self) -> bool:
+        return all(a >= r for a, r in zip(self.agreed, self.required, strict=True))
 
 
 class SmokeReport(BaseModel):
     results: list[SmokeResult]
     tau: float | None  # over all prompts: total completion tokens / total verify steps
     warnings: list[str]
+    greedy: GreedyCheck | None = None
 
 
 def generate(client: httpx.Client, base_url: str, prompt: str, max_new_tokens: int) -> SmokeResult:
@@ -70,7 +85,7 @@ def generate(client: httpx.Client, base_url: str, prompt: str, max_new_tokens: i
 
 
 def _agreement(a: list, b: list) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def compare_greedy(candidate: SmokeReport, reference: SmokeReport, source: str) -> GreedyCheck:
