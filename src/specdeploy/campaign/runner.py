@@ -49,10 +49,11 @@ from specdeploy.deploy.manifest import STATE_FILE as DEPLOY_STATE_FILE
 from specdeploy.deploy.manifest import read_manifest
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.recipes.lock import LockFile
 
 CAMPAIGN_FILE = "campaign.json"
 # What may change on --resume: how patiently servers are started and where they listen, not what is measured.
-RESUMABLE_CHANGES = {"health_timeout_s", "smoke", "port", "launcher"}
+RESUMABLE_CHANGES = {"health_timeout_s", "smoke", "port", "launcher", "api_key"}
 
 Log = Callable[[str], None]
 
@@ -336,10 +337,11 @@ def run_campaign(
     retry_failed: bool = False,
     log: Log = print,
     progress: Progress | None = None,
+    lock: LockFile | None = None,
 ) -> CampaignState:
-    """Run (or resume) a campaign into `out`; returns its final state."""
+    """Run (or resume) a campaign into `out`; returns its final state. `lock` pins every plan."""
     out = out.resolve()  # run manifests name their baseline run by path: the same from any directory
-    servers = server_configs(spec)  # every plan is made before anything starts: a bad one fails now
+    servers = server_configs(spec, lock)  # every plan is made before anything starts: a bad one fails now
     campaign = CampaignRun(spec, out, control, open_campaign(spec, out, resume), log, progress)
     if resume:
         campaign.stop_leftovers()

@@ -11,15 +11,21 @@ CONSTRAINTS_FILE = "constraints.txt"
 TAG_HEX = 16  # of the Dockerfile's sha256: the same inputs always give the same tag, other inputs another
 
 
-def dockerfile(build: ImageBuild) -> str:
-    """A Dockerfile that checks the PR out at its commit and installs it under the locked pins."""
+def checkout_steps(build: ImageBuild) -> list[str]:
+    """Shell lines that put the PR's source at its commit into `build.source_dir`."""
     src = build.source_dir
-    constraints = f"{src}/{CONSTRAINTS_FILE}"
-    steps = [
+    return [
         f"git clone --filter=blob:none {build.repo} {src}",
         f"git -C {src} fetch origin pull/{build.pull_request}/head",
         f"git -C {src} checkout --detach {build.commit}",
     ]
+
+
+def dockerfile(build: ImageBuild) -> str:
+    """A Dockerfile that checks the PR out at its commit and installs it under the locked pins."""
+    src = build.source_dir
+    constraints = f"{src}/{CONSTRAINTS_FILE}"
+    steps = checkout_steps(build)
     if build.constraints:
         # The pins are written by the build itself: the Dockerfile is the whole build context.
         steps.append(

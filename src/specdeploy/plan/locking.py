@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.engines import DDTREE_COMMIT, SGLANG_IMAGE, SGLANG_VERSION
-from specdeploy.recipes.lock import LockFile
+from specdeploy.recipes.lock import LockFile, is_hub_id
 from specdeploy.recipes.schema import ModelFacts, Recipe
 
 UNPINNED = "main"
@@ -16,7 +16,7 @@ def drift(lock: LockFile, recipe: Recipe, models: list[ModelFacts], ddtree: bool
     problems = []
     if lock.recipe != recipe.name:
         problems.append(f"the lock was made for recipe {lock.recipe}, not {recipe.name}")
-    for model in models:
+    for model in (m for m in models if is_hub_id(m.path)):
         locked = lock.model(model.path)
         requested = model.revision or UNPINNED
         if locked is None:

@@ -86,6 +86,11 @@ class LockFile(_Locked):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
+def is_hub_id(path: str) -> bool:
+    """Hub repo ids are locked; zoo models ship with specdeploy and local directories are the user's own."""
+    return not path.startswith(("zoo:", "/", "./", "../", "~"))
+
+
 def lock_path_for(source: str | Path) -> Path:
     """Where the lock of a recipe or campaign lives: beside its file; a shipped name's in this directory."""
     text = str(source)
