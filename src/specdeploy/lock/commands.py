@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.lock.registry import REGISTRY_URL_ENV
 from specdeploy.lock.resolve import DigestSource, LockOptions, current_lock
 from specdeploy.recipes.lock import LockFile, lock_path_for, read_lock
 
@@ -40,7 +41,10 @@ def lock(
         ),
     ] = False,
     registry_url: Annotated[
-        str | None, typer.Option(help="The image registry's API base URL (default: from the image name).")
+        str | None,
+        typer.Option(
+            envvar=REGISTRY_URL_ENV, help="The image registry's API base URL (default: from the image name)."
+        ),
     ] = None,
     image_digest_from: Annotated[
         str, typer.Option(help="registry (the distribution API) or docker (pull, then inspect).")

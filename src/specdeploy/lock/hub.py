@@ -38,14 +38,16 @@ def lock_model(model: ModelFacts, api: HfApi) -> LockedModel:
             f"locking {model.path}@{requested}: the Hugging Face Hub did not answer ({exc}); check the network "
             "or HF_ENDPOINT"
         ) from None
-    if not info.sha or info.siblings is None:
-        raise SpecdeployError(f"locking {model.path}@{requested}: the Hub returned no commit or file list")
+    if not info.sha or not info.siblings or any(s.size is None or s.blob_id is None for s in info.siblings):
+        raise SpecdeployError(
+            f"locking {model.path}@{requested}: the Hub returned no commit, or files without sizes and blob ids"
+        )
     files = [
         LockedFile(
             path=sibling.rfilename,
-            size=sibling.lfs.size if sibling.lfs else sibling.size or 0,
+            size=sibling.lfs.size if sibling.lfs else int(sibling.size or 0),
             sha256=sibling.lfs.sha256 if sibling.lfs else None,
-            blob_id=sibling.blob_id or "",
+            blob_id=str(sibling.blob_id),
         )
         for sibling in sorted(info.siblings, key=lambda s: s.rfilename)
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import httpx
 
 from specdeploy.errors import SpecdeployError
 
+# A registry (or mirror) to ask instead of the one the image name implies, as HF_ENDPOINT is for the Hub.
+REGISTRY_URL_ENV = "SPECDEPLOY_REGISTRY_URL"
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "https://registry-1.docker.io"
 # Multi-architecture images answer with an index; asking for it gives the digest `docker pull` resolves.
@@ -45,7 +48,11 @@ def registry_digest(
 ) -> str:
     """HEAD the manifest of `reference`; on 401 fetch an anonymous pull token as the registry's challenge says."""
     host, repository, tag = split_reference(reference)
-    base = registry_url or (DOCKER_HUB_API if host == DOCKER_HUB else f"https://{host}")
+    base = (
+        registry_url
+        or os.environ.get(REGISTRY_URL_ENV)
+        or (DOCKER_HUB_API if host == DOCKER_HUB else f"https://{host}")
+    )
     url = f"{base.rstrip('/')}/v2/{repository}/manifests/{tag}"
     headers = {"Accept": MANIFEST_TYPES}
     http = client or httpx.Client(timeout=30.0, follow_redirects=True)
