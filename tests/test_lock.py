@@ -7,16 +7,13 @@ must hold exactly them, and every plan made from the lock must use them.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
 
 import pytest
-from deploy_helpers import FIXTURES
 from fake_hub import FakeHub, FakeRegistry, HubRepo, running_hub, running_registry, sha256
 from typer.testing import CliRunner
 
@@ -77,19 +74,12 @@ def kimi_hub() -> FakeHub:
 
 
 @pytest.fixture
-def services(tmp_path, monkeypatch):
+def services(tmp_path, monkeypatch, fake_docker):
     """Fake Hub (HF_ENDPOINT), registry and docker; the working directory is an empty tmp dir."""
     hub = kimi_hub()
     registry = FakeRegistry(manifests={"lmsysorg/sglang:v0.5.23-cu130": IMAGE_DIGEST})
-    bin_dir, state = tmp_path / "bin", tmp_path / "docker-state"
-    bin_dir.mkdir()
-    state.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FIXTURES / "fake_docker.py"}" "$@"\n')
-    docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
+    state = fake_docker
     (state / "run-output.txt").write_text("0.5.23\n" + json.dumps(PIP_REPORT))
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_DOCKER_STATE", str(state))
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -11,7 +11,7 @@ import httpx
 from huggingface_hub import HfApi
 from rich.console import Console
 
-from specdeploy.api_key import auth_headers
+from specdeploy.api_key import auth_headers, redact
 from specdeploy.deploy.hardware import DetectedHardware, detect_hardware
 from specdeploy.deploy.health import probe, wait_for_health
 from specdeploy.deploy.launchers import LauncherName, LaunchHandle, get_launcher
@@ -124,7 +124,8 @@ def _server_info(base_url: str) -> dict | None:
         response = httpx.get(f"{base_url}/server_info", timeout=10.0, headers=auth_headers())
     except httpx.HTTPError:
         return None
-    return response.json() if response.status_code == 200 else None
+    # SGLang lists its --api-key among the server arguments
+    return redact(response.json()) if response.status_code == 200 else None
 
 
 def deploy_up(

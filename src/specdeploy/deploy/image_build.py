@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.image import dockerfile
 from specdeploy.plan.launch_plan import EngineSpec
+
+STDERR_FD = 2  # the process's own stderr, whatever sys.stderr has been replaced by
 
 
 def image_present(tag: str) -> bool:
@@ -38,7 +39,7 @@ def build_image(engine: EngineSpec, force: bool = False) -> bool:
         ["docker", "build", "--tag", engine.image, "-"],
         input=dockerfile(engine.build),
         text=True,
-        stdout=sys.stderr,  # the build log, in the open: it takes minutes
+        stdout=STDERR_FD,  # the build log, in the open (it takes minutes), apart from the command's result
     )
     if result.returncode != 0:
         raise SpecdeployError(
