@@ -90,7 +90,9 @@ def test_ddtree_pins_the_pr_build_and_forces_triton_for_a_branching_tree():
     assert flag(plan, "--attention-backend") == "triton"
     assert "--speculative-draft-window-size" not in plan.argv
     assert DDTREE_COMMIT in plan.engine.source and plan.engine.build.commit == DDTREE_COMMIT
-    assert plan.engine.image.startswith("specdeploy/sglang-ddtree:") and plan.engine.build.base == SGLANG_IMAGE
+    assert (
+        plan.engine.image.startswith("specdeploy/sglang-ddtree:") and plan.engine.build.base == SGLANG_IMAGE
+    )
     assert any("unmerged" in warning for warning in plan.warnings)
 
 

@@ -20,7 +20,8 @@ def lock_table(lock: LockFile) -> Table:
         table.add_column(column, overflow="fold")
     for model in lock.models:
         lfs = sum(1 for f in model.files if f.sha256)
-        detail = f"{len(model.files)} files ({lfs} LFS with sha256), {model.total_bytes / 1e9:.1f} GB"
+        count = f"{len(model.files)} file{'s' if len(model.files) != 1 else ''}"
+        detail = f"{count} ({lfs} LFS with sha256), {model.total_bytes / 1e9:.1f} GB"
         table.add_row(model.path, model.requested, model.revision, detail)
     table.add_row("image", lock.image.reference, lock.image.digest, f"SGLang {lock.sglang_version}")
     ddtree = lock.ddtree
