@@ -138,6 +138,14 @@ def test_long_texts_are_refused_before_they_are_tokenised(server, path: str, bod
     assert time.monotonic() - started < 10
 
 
+def test_a_batch_larger_than_the_queue_is_refused_before_it_is_tokenised(server) -> None:
+    process, url, baseline = server
+    texts = ["e" * 20_000] * 600  # each fits the context; together 12 M characters, more than the queue holds
+    message = error_of(httpx.post(url + "/generate", json={"text": texts}, timeout=120), 413)
+    assert "A batch of 600 prompts can never fit the request queue (256)" in message
+    assert peak_rss_mib(process.pid) - baseline < GROWTH_BOUND_MIB
+
+
 def test_the_server_still_serves_after_all_that(server) -> None:
     _, url, _ = server
     response = httpx.post(url + "/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 2}})

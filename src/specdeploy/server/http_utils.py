@@ -27,10 +27,17 @@ def guard_of(request: Request) -> HttpGuard:
 
 
 def check_texts(request: Request, texts: list[str], param: str) -> None:
-    """Refuse texts too long for the context before any of them is tokenised."""
+    """Refuse texts too long for the context, and batches larger than the queue, before any is tokenised."""
     service = service_of(request)
+    if len(texts) > service.worker.max_queued:  # the same refusal submit_all gives, before the work
+        raise ApiError(
+            f"A batch of {len(texts)} prompts can never fit the request queue ({service.worker.max_queued}); "
+            "split it or raise --max-queued-requests.",
+            413,
+        )
     limit = request.app.state.max_prompt_chars
-    check_text_length(sum(len(text) for text in texts), limit, service.limits.max_context, param)
+    for text in texts:  # each prompt must fit the context on its own
+        check_text_length(len(text), limit, service.limits.max_context, param)
 
 
 async def _bounded_body(request: Request, limit: int) -> bytes:

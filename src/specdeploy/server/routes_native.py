@@ -90,8 +90,7 @@ def _text_prompts(text: Any, service: EngineService, request: Request) -> list[l
     texts = text if isinstance(text, list) else [text]
     if not all(isinstance(t, str) for t in texts):
         raise ApiError("text must be a string or a list of strings.", param="text")
-    for one in texts:  # each prompt must fit the context on its own
-        check_texts(request, [one], "text")
+    check_texts(request, texts, "text")
     return [service.tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 

@@ -109,8 +109,7 @@ def _completion_prompts(req: CompletionRequest, service: EngineService, request:
         check_texts(request, [prompt], "prompt")
         return [service.tokenizer.encode(prompt)]
     if isinstance(prompt[0], str):
-        for one in prompt:
-            check_texts(request, [one], "prompt")
+        check_texts(request, prompt, "prompt")
         return [service.tokenizer.encode(p) for p in prompt]
     if isinstance(prompt[0], int):
         return [prompt]
@@ -119,7 +118,8 @@ def _completion_prompts(req: CompletionRequest, service: EngineService, request:
 
 def _chat_prompt(req: ChatCompletionRequest, service: EngineService, request: Request) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    check_texts(request, [m["content"] for m in messages], "messages")  # the template only adds to them
+    # one prompt: the messages together must fit, and the template only adds to them
+    check_texts(request, ["".join(m["content"] for m in messages)], "messages")
     kwargs = dict(req.chat_template_kwargs or {})
     if "chat_template" in kwargs:
         raise ApiError("A request-supplied chat_template is not allowed.", param="chat_template_kwargs")
