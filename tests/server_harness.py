@@ -16,6 +16,7 @@ import uvicorn
 
 from specdeploy.engine.runtime import load_engine
 from specdeploy.server.app import create_app
+from specdeploy.server.guard import HttpGuard
 from specdeploy.server.service import ServerConfig
 
 
@@ -27,12 +28,16 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(
-    pair: tuple[Path, Path], mode: str, budget: int | None = None, **config: Any
+    pair: tuple[Path, Path],
+    mode: str,
+    budget: int | None = None,
+    guard: HttpGuard | None = None,
+    **config: Any,
 ) -> Iterator[str]:
     """Serve a fresh engine over the pair in a thread (uvicorn, real sockets); yields the base URL."""
     target, draft = pair
     engine = load_engine(str(target), None if mode == "ar" else str(draft), mode, budget)
-    app = create_app(engine, ServerConfig(**config))
+    app = create_app(engine, ServerConfig(**config), guard)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -13,7 +13,7 @@ from specdeploy.deploy.launchers import (
     with_flag,
 )
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.launch_plan import EngineSpec, ModelRef
+from specdeploy.plan.launch_plan import ModelRef
 
 
 def test_with_flag_replaces_both_spellings_and_appends():
@@ -46,23 +46,16 @@ def test_docker_command(tmp_path, monkeypatch):
     assert server[server.index("--host") + 1] == "0.0.0.0"
 
 
-def test_docker_installs_unreleased_engine_first(tmp_path):
-    plan = make_plan()
-    engine = EngineSpec(
-        name="sglang",
-        version="0.5.23+ddtree",
-        image="lmsysorg/sglang:v0.5.23-cu130",
-        source="git+https://github.com/sgl-project/sglang@0123abc#subdirectory=python",
-        install=[
-            "pip install --no-deps 'git+https://github.com/sgl-project/sglang@0123abc#subdirectory=python'"
-        ],
-    )
-    command = DockerLauncher().command(plan.model_copy(update={"engine": engine}), tmp_path)
-    assert command[-3:-1] == ["bash", "-c"]
-    assert (
-        command[-1].startswith("pip install --no-deps")
-        and " && exec python -m sglang.launch_server" in command[-1]
-    )
+def test_api_key_reaches_sglang_from_the_environment_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_API_KEY", "k-very-secret")
+    plan = make_plan().model_copy(update={"api_key_env": "SPECDEPLOY_API_KEY"})
+    for command in (DockerLauncher().command(plan, tmp_path), ProcessLauncher().command(plan, tmp_path)):
+        assert "k-very-secret" not in " ".join(command)
+        at = command.index("bash")
+        assert command[at + 1 : at + 3] == ["-c", 'exec "$@" --api-key "$SPECDEPLOY_API_KEY"']
+        assert command[at + 4 : at + 7] == ["python", "-m", "sglang.launch_server"]
+    docker = DockerLauncher().command(plan, tmp_path)
+    assert docker[docker.index("SPECDEPLOY_API_KEY") - 1] == "--env"  # handed over by name
 
 
 def test_docker_needs_an_image(tmp_path):

@@ -89,14 +89,17 @@ def test_ddtree_pins_the_pr_build_and_forces_triton_for_a_branching_tree():
     assert flag(plan, "--page-size") == "1"
     assert flag(plan, "--attention-backend") == "triton"
     assert "--speculative-draft-window-size" not in plan.argv
-    assert DDTREE_COMMIT in plan.engine.source
-    assert any(DDTREE_COMMIT in step for step in plan.engine.install)
+    assert DDTREE_COMMIT in plan.engine.source and plan.engine.build.commit == DDTREE_COMMIT
+    assert (
+        plan.engine.image.startswith("specdeploy/sglang-ddtree:") and plan.engine.build.base == SGLANG_IMAGE
+    )
     assert any("unmerged" in warning for warning in plan.warnings)
 
 
 def test_ddtree_chain_budget_keeps_the_architecture_backend():
     plan = make_plan("kimi-k2.6", "b200-x8", "ddtree")
     assert plan.budget == 7 and flag(plan, "--attention-backend") == "trtllm_mla"
+    assert "--page-size" not in plan.argv  # the page-size check guards full trees only
 
 
 def test_ddtree_on_a_hybrid_warns_about_recurrent_state():
@@ -149,7 +152,7 @@ def test_accepts_objects_as_well_as_names():
         (("kimi-k2.6", "h200-x1", "dflash"), {}, r"does not fit on h200-x1 at TP1.*596\.0 GiB.*TP8"),
         (("kimi-k2.6", "h200-x8", "dflash"), {"tp": 4}, r"does not fit on h200-x8 at TP4.*TP8"),
         (("kimi-k2.6", "h100-x8", "ar"), {}, r"does not fit on h100-x8"),
-        (("kimi-k2.6", "b200-x8", "ddtree"), {"budget": 32, "attention_backend": "trtllm_mla"}, "tree mask"),
+        (("kimi-k2.6", "b200-x8", "ddtree"), {"budget": 32, "attention_backend": "trtllm_mla"}, "page size"),
         (("qwen3-8b", "h200-x1", "ddtree"), {"budget": 0}, "at least 1"),
         (("qwen3-8b", "h200-x1", "dflash"), {"budget": 8}, "takes none"),
         (("qwen3-8b", "h200-x1", "eagle3"), {}, "no EAGLE3 drafter"),

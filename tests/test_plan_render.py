@@ -28,7 +28,7 @@ def kimi_ddtree():
 
 def test_json_has_the_documented_shape(kimi):
     doc = json.loads(render_plan(kimi, "json"))
-    assert JSON_KEYS <= doc.keys() and doc["schema"] == 1
+    assert JSON_KEYS <= doc.keys() and doc["schema"] == 2
     assert {"name", "version", "image", "source"} <= doc["engine"].keys()
     assert doc["argv"][:3] == ["python", "-m", "sglang.launch_server"]
     assert doc["env"] == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
@@ -62,8 +62,10 @@ def test_shell_script_is_valid_bash(case):
 def test_shell_script_runs_the_pinned_image_with_the_env(kimi_ddtree):
     script = render_plan(kimi_ddtree, "sh")
     assert "export SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in script
-    assert "lmsysorg/sglang:v0.5.23-cu130" in script and "--ipc=host" in script
-    assert "pull/29907/head" in script and "--host 0.0.0.0" in script
+    assert kimi_ddtree.engine.image in script and "--ipc=host" in script
+    assert "FROM lmsysorg/sglang:v0.5.23-cu130" in script and "--host 0.0.0.0" in script
+    # built once per host: the build runs only when the content-addressed tag is missing
+    assert f"docker image inspect {kimi_ddtree.engine.image} >/dev/null 2>&1 || docker build" in script
     assert ': "${HF_TOKEN:?' in script
 
 

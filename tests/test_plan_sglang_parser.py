@@ -103,6 +103,13 @@ def test_sglang_accepts_the_argv(plan):
         assert parsed.attention_backend in DDTREE_TREE_BACKENDS and parsed.page_size == 1
 
 
+def test_the_api_key_flag_the_launchers_append_is_sglangs():
+    # Plans keep the key out of argv; launchers and renderings append `--api-key "$SPECDEPLOY_API_KEY"`.
+    plan = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash", api_key=True)
+    assert "--api-key" not in plan.argv
+    assert parse_with_sglang([*plan.server_args, "--api-key", "k-123"]).api_key == "k-123"
+
+
 def test_an_unknown_flag_is_caught():
     # The older card's spelling of the window flag: 0.5.23 renamed it, and the parser must say so.
     args = [*SGLANG_PLANS[0].server_args, "--speculative-dflash-draft-window-size", "4096"]

@@ -12,6 +12,7 @@ from specdeploy.campaign import commands as campaign_commands
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.engine import generate_command, lab_command
 from specdeploy.errors import SpecdeployError
+from specdeploy.lock import commands as lock_commands
 from specdeploy.perf import commands as perf_commands
 from specdeploy.plan import commands as plan_commands
 from specdeploy.report import commands as report_commands
@@ -48,8 +49,9 @@ app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
 app.add_typer(lab_command.app, name="lab")
 app.command("demo")(demo.demo)
-deploy_commands.register(app)  # up, down, status, logs
+deploy_commands.register(app)  # up, down, status, logs, image build
 plan_commands.register(app)  # plan, recipes
+app.command("lock")(lock_commands.lock)
 app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
 app.command("campaign")(campaign_commands.campaign)

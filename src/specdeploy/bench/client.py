@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from specdeploy.api_key import auth_headers
 from specdeploy.bench.payloads import ROUTE_PATHS, Route
 from specdeploy.bench.results import Chunk, RequestRecord
 
@@ -80,6 +81,7 @@ class BenchClient:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            headers=auth_headers(),
             read_bufsize=READ_BUFFER_BYTES,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specdeploy.api_key import redact
 from specdeploy.errors import SpecdeployError
 
 REQUEST_SCHEMA = "specdeploy.request/1"
@@ -262,8 +263,10 @@ class RunDirectory:
                 f"{self.path} already holds a run: pass --resume to continue it or choose another --out"
             )
         self.path.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.path / MANIFEST_FILE, json.dumps(manifest.model_dump(by_alias=True), indent=2))
-        _write_atomic(self.path / SERVER_INFO_FILE, json.dumps(server_info, indent=2))
+        # SGLang's /server_info lists its --api-key; the deployment facts may carry it too.
+        document = redact(manifest.model_dump(by_alias=True))
+        _write_atomic(self.path / MANIFEST_FILE, json.dumps(document, indent=2))
+        _write_atomic(self.path / SERVER_INFO_FILE, json.dumps(redact(server_info), indent=2))
         self.requests_path.touch()
         _write_atomic(self.summary_path, _dump(RunSummary()))
 

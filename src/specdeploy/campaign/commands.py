@@ -18,6 +18,8 @@ from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
 from specdeploy.errors import SpecdeployError
+from specdeploy.lock.resolve import current_lock
+from specdeploy.plan.commands import UPDATE_LOCK_HELP
 
 
 def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path, launcher: str) -> Tree:
@@ -74,16 +76,20 @@ def campaign(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the ordered server starts and cells; start nothing.")
     ] = False,
+    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
 ) -> None:
-    """Run a benchmark matrix: each server configuration starts once, AR first; resumable."""
+    """Run a benchmark matrix: each server configuration starts once, AR first; resumable.
+
+    Uses the campaign's lock file (`specdeploy lock FILE`) when there is one and refuses one that drifted."""
     spec = load_campaign(file)
+    lock = current_lock(str(file), update_lock)
     if resume and out is None:
         raise SpecdeployError("--resume needs --out: the campaign directory to continue")
     if retry_failed and not resume:
         raise SpecdeployError("--retry-failed goes with --resume")
     out = out or Path("runs") / f"campaign-{spec.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     console = Console()
-    servers = server_configs(spec)
+    servers = server_configs(spec, lock)
     launcher = default_launcher(spec, servers[0].plan)
     for server in servers:  # a launcher that cannot run these plans fails now, not at the first start
         get_launcher(launcher).command(server.plan, out / "servers" / server.id)
@@ -99,7 +105,14 @@ def campaign(
     )
     with cell_progress(console) as progress:
         state = run_campaign(
-            spec, out, control, resume=resume, retry_failed=retry_failed, log=console.print, progress=progress
+            spec,
+            out,
+            control,
+            resume=resume,
+            retry_failed=retry_failed,
+            log=console.print,
+            progress=progress,
+            lock=lock,
         )
     console.print(state_table(state))
     failed = [

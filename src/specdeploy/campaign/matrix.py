@@ -24,6 +24,7 @@ from specdeploy.campaign.spec import CampaignSpec
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import make_plan
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.recipes.lock import LockFile
 
 SERVERS_DIR = "servers"
 RUNS_DIR = "runs"
@@ -68,15 +69,27 @@ class BenchRun:
         return [key for key in self.cells() if key.id not in finished]
 
 
-def server_configs(spec: CampaignSpec) -> list[ServerConfig]:
-    """Every server configuration in start order; plans are made (and checked) before anything starts."""
+def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[ServerConfig]:
+    """Every server configuration in start order; plans are made (and checked) before anything starts.
+
+    `lock`: the campaign's lock file, which pins every plan (and refuses a drifted one).
+    """
     configs = []
     for tp in spec.tp_sizes:
         for mode in ["ar", *(m for m in spec.modes if m != "ar")]:
             for budget in spec.budgets if mode == "ddtree" else [None]:
                 overrides = {"port": spec.port} if spec.port is not None else {}
                 try:
-                    plan = make_plan(spec.recipe, spec.hardware, mode, budget=budget, tp=tp, **overrides)
+                    plan = make_plan(
+                        spec.recipe,
+                        spec.hardware,
+                        mode,
+                        budget=budget,
+                        tp=tp,
+                        lock=lock,
+                        api_key=spec.api_key,
+                        **overrides,
+                    )
                 except SpecdeployError as exc:
                     where = (
                         f"mode {mode}"
@@ -119,8 +132,12 @@ def bench_runs(spec: CampaignSpec, server: ServerConfig, out: Path) -> list[Benc
     return runs
 
 
+def ar_server_id(tp: int) -> str:
+    return f"tp{tp}-ar"
+
+
 def ar_run_path(out: Path, tp: int, dataset: str) -> Path:
-    return out / RUNS_DIR / f"tp{tp}-ar" / dataset
+    return out / RUNS_DIR / ar_server_id(tp) / dataset
 
 
 def server_dir(out: Path, server: ServerConfig, start: int) -> Path:

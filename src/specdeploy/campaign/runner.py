@@ -19,7 +19,14 @@ from rich.console import Console
 from specdeploy.bench.results import RunDirectory
 from specdeploy.bench.runner import Progress
 from specdeploy.bench.runner import run as run_bench
-from specdeploy.campaign.matrix import BenchRun, ServerConfig, bench_runs, server_configs, server_dir
+from specdeploy.campaign.matrix import (
+    BenchRun,
+    ServerConfig,
+    ar_server_id,
+    bench_runs,
+    server_configs,
+    server_dir,
+)
 from specdeploy.campaign.spec import CampaignSpec
 from specdeploy.campaign.state import (
     CampaignState,
@@ -31,6 +38,7 @@ from specdeploy.campaign.state import (
 )
 from specdeploy.deploy.deployment import (
     Deployment,
+    GreedyReference,
     deploy_down,
     deploy_up,
     deployment_status,
@@ -38,12 +46,14 @@ from specdeploy.deploy.deployment import (
 )
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.deploy.manifest import STATE_FILE as DEPLOY_STATE_FILE
+from specdeploy.deploy.manifest import read_manifest
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.recipes.lock import LockFile
 
 CAMPAIGN_FILE = "campaign.json"
 # What may change on --resume: how patiently servers are started and where they listen, not what is measured.
-RESUMABLE_CHANGES = {"health_timeout_s", "smoke", "port", "launcher"}
+RESUMABLE_CHANGES = {"health_timeout_s", "smoke", "port", "launcher", "api_key"}
 
 Log = Callable[[str], None]
 
@@ -81,7 +91,20 @@ class DeployControl:
             health_timeout_s=self.health_timeout_s,
             smoke=self.smoke,
             console=self.console,
+            greedy_reference=self.ar_reference(plan) if self.smoke and plan.mode != "ar" else None,
         )
+
+    def ar_reference(self, plan: LaunchPlan) -> GreedyReference | None:
+        """The smoke answers of this campaign's AR server at the same TP (it always starts first)."""
+        ar_dir = self.runs_root / ar_server_id(plan.tp)
+        starts = sorted(
+            ar_dir.glob("start-*"), key=lambda d: int(d.name.removeprefix("start-")), reverse=True
+        )
+        for start in starts:
+            manifest = read_manifest(start)
+            if manifest is not None and manifest.smoke is not None:
+                return GreedyReference(smoke=manifest.smoke, source=str(start))
+        return None
 
     def stop(self, deployment: Deployment) -> None:
         deploy_down(deployment)
@@ -314,10 +337,11 @@ def run_campaign(
     retry_failed: bool = False,
     log: Log = print,
     progress: Progress | None = None,
+    lock: LockFile | None = None,
 ) -> CampaignState:
-    """Run (or resume) a campaign into `out`; returns its final state."""
+    """Run (or resume) a campaign into `out`; returns its final state. `lock` pins every plan."""
     out = out.resolve()  # run manifests name their baseline run by path: the same from any directory
-    servers = server_configs(spec)  # every plan is made before anything starts: a bad one fails now
+    servers = server_configs(spec, lock)  # every plan is made before anything starts: a bad one fails now
     campaign = CampaignRun(spec, out, control, open_campaign(spec, out, resume), log, progress)
     if resume:
         campaign.stop_leftovers()

@@ -81,6 +81,7 @@ class CampaignSpec(_Strict):
     port: int | None = Field(None, ge=1, le=65535)
     health_timeout_s: float = Field(DEFAULT_HEALTH_TIMEOUT_S, gt=0)
     smoke: bool = True
+    api_key: bool = False  # servers require $SPECDEPLOY_API_KEY; bench, smoke and health send it
     bench: BenchOptions = Field(default_factory=BenchOptions)
 
     @field_validator("modes", "ddtree_budgets", "tp", "concurrency", "request_rates", "datasets")

@@ -20,8 +20,9 @@ from specdeploy.deploy.deployment import (
 )
 from specdeploy.deploy.hardware import DetectedHardware, detect_hardware, profile_for
 from specdeploy.deploy.health import ServerStartError
+from specdeploy.deploy.image_build import build_image
 from specdeploy.deploy.launchers import LAUNCHERS, get_launcher
-from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir
+from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir, image_id
 from specdeploy.deploy.render import (
     preflight_table,
     print_deployment,
@@ -31,6 +32,7 @@ from specdeploy.deploy.render import (
     print_status,
 )
 from specdeploy.errors import SpecdeployError
+from specdeploy.plan.commands import API_KEY_HELP, UPDATE_LOCK_HELP
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.recipes.loader import list_hardware, load_hardware
 
@@ -40,9 +42,16 @@ RunDirArgument = Annotated[
 
 
 def _plan_for(
-    recipe: str, hardware: str, mode: str, budget: int | None, port: int | None
+    recipe: str,
+    hardware: str,
+    mode: str,
+    budget: int | None,
+    port: int | None,
+    api_key: bool = False,
+    update_lock: bool = False,
 ) -> tuple[LaunchPlan, DetectedHardware | None]:
-    """The LaunchPlan, and the detected hardware when `--hardware auto` had to look."""
+    """The LaunchPlan (under the recipe's lock, if any), and the detected hardware when `auto` had to look."""
+    from specdeploy.lock.resolve import current_lock
     from specdeploy.plan import make_plan
 
     detected = None
@@ -53,7 +62,10 @@ def _plan_for(
         profile = load_hardware(hardware)
     overrides = {"port": port} if port is not None else {}
     try:
-        return make_plan(recipe, profile, mode, budget=budget, **overrides), detected
+        lock = current_lock(recipe, update_lock)
+        return make_plan(
+            recipe, profile, mode, budget=budget, lock=lock, api_key=api_key, **overrides
+        ), detected
     except SpecdeployError as exc:
         if detected is None or detected.gpus:
             raise
@@ -82,10 +94,14 @@ def up(
         float, typer.Option(help="Seconds to wait for the server.")
     ] = DEFAULT_HEALTH_TIMEOUT_S,
     smoke: Annotated[bool, typer.Option(help="Send a few prompts once healthy.")] = True,
+    api_key: Annotated[bool, typer.Option("--api-key", help=API_KEY_HELP)] = False,
+    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
 ) -> None:
-    """Preflight, download the weights, launch, wait for health, smoke-test and record a deployment."""
+    """Preflight, download the weights, launch, wait for health, smoke-test and record a deployment.
+
+    Uses the recipe's lock file when there is one; a DDTree image is built once per host and reused."""
     console = Console()
-    plan, detected = _plan_for(recipe, hardware, mode, budget, port)
+    plan, detected = _plan_for(recipe, hardware, mode, budget, port, api_key, update_lock)
     chosen = launcher or ("reference" if plan.engine.name == "reference" else "docker")
     if chosen not in LAUNCHERS:
         raise SpecdeployError(f"unknown launcher {chosen!r}: use one of {', '.join(LAUNCHERS)}")
@@ -154,6 +170,26 @@ def logs(
     typer.echo("\n".join(get_launcher(handle.launcher).tail(handle, lines)))
 
 
+image_app = typer.Typer(no_args_is_help=True, help="Images specdeploy builds itself (the DDTree build).")
+
+
+@image_app.command("build")
+def image_build(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or .toml: its lock pins the build.")],
+    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
+    force: Annotated[bool, typer.Option("--force", help="Build even when this host has the tag.")] = False,
+) -> None:
+    """Build the DDTree image (SGLang PR at its commit, locked pip pins) once; the tag is its content hash."""
+    from specdeploy.lock.resolve import current_lock
+    from specdeploy.plan.engines import sglang_ddtree_build
+
+    engine = sglang_ddtree_build(current_lock(recipe, update_lock))
+    built = build_image(engine, force=force)
+    where = image_id(str(engine.image))
+    typer.echo(f"{engine.image} {'built' if built else 'already on this host'} (image id {where})")
+
+
 def register(app: typer.Typer) -> None:
     for command in (up, down, status, logs):
         app.command(command.__name__)(command)
+    app.add_typer(image_app, name="image")

@@ -11,6 +11,7 @@ import httpx
 from huggingface_hub import HfApi
 from rich.console import Console
 
+from specdeploy.api_key import auth_headers, redact
 from specdeploy.deploy.hardware import DetectedHardware, detect_hardware
 from specdeploy.deploy.health import probe, wait_for_health
 from specdeploy.deploy.launchers import LauncherName, LaunchHandle, get_launcher
@@ -23,6 +24,7 @@ from specdeploy.deploy.manifest import (
     default_run_dir,
     git_commit,
     image_digest,
+    image_id,
     point_latest,
     read_manifest,
     read_state,
@@ -32,7 +34,7 @@ from specdeploy.deploy.manifest import (
     write_state,
 )
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
-from specdeploy.deploy.smoke import SmokeReport, run_smoke_test
+from specdeploy.deploy.smoke import SmokeReport, compare_greedy, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
@@ -56,6 +58,30 @@ class Deployment:
     @property
     def url(self) -> str:
         return self.handle.url
+
+
+@dataclass(frozen=True)
+class GreedyReference:
+    """The smoke answers of an AR server of the same model, and where they were recorded."""
+
+    smoke: SmokeReport
+    source: str
+
+
+def check_greedy(smoke: SmokeReport, reference: GreedyReference) -> None:
+    """Record the comparison in `smoke`; refuse a server whose greedy answers differ from AR's."""
+    smoke.greedy = compare_greedy(smoke, reference.smoke, reference.source)
+    if smoke.greedy.passed:
+        return
+    worst = min(
+        range(len(smoke.greedy.agreed)), key=lambda i: smoke.greedy.agreed[i] - smoke.greedy.required[i]
+    )
+    raise SpecdeployError(
+        f"smoke test: greedy answers differ from the AR server's ({reference.source}): prompt {worst} agrees on "
+        f"{smoke.greedy.agreed[worst]} of its first {smoke.greedy.required[worst]} {smoke.greedy.unit}; "
+        "speculative decoding must reproduce AR at temperature 0, so this server is not measured (a wrong "
+        "drafter, or an attention path the engine never tested): see `specdeploy logs`"
+    )
 
 
 @dataclass
@@ -95,10 +121,11 @@ def preview_up(
 
 def _server_info(base_url: str) -> dict | None:
     try:
-        response = httpx.get(f"{base_url}/server_info", timeout=10.0)
+        response = httpx.get(f"{base_url}/server_info", timeout=10.0, headers=auth_headers())
     except httpx.HTTPError:
         return None
-    return response.json() if response.status_code == 200 else None
+    # SGLang lists its --api-key among the server arguments
+    return redact(response.json()) if response.status_code == 200 else None
 
 
 def deploy_up(
@@ -113,10 +140,12 @@ def deploy_up(
     api: HfApi | None = None,
     console: Console | None = None,
     show_preflight: Callable[[PreflightReport], None] | None = None,
+    greedy_reference: GreedyReference | None = None,
 ) -> Deployment:
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure.
 
     `show_preflight` sees the checks before anything is downloaded, whether they passed or not.
+    `greedy_reference`: an AR server's smoke answers, which this server's greedy answers must reproduce.
     """
     console = console or Console(stderr=True)
     # Absolute, so that the recorded log path works from any directory a later command runs in.
@@ -158,6 +187,8 @@ def deploy_up(
         smoke_report: SmokeReport | None = (
             run_smoke_test(handle.url, speculative=plan.mode != "ar") if smoke else None
         )
+        if smoke_report is not None and greedy_reference is not None:
+            check_greedy(smoke_report, greedy_reference)
     except BaseException as exc:  # includes Ctrl-C: never leave a half-started server holding the GPUs
         chosen.stop(handle, DEFAULT_STOP_GRACE_S)
         failed = record.model_copy(update={"state": "failed", "updated_at": utc_now(), "error": str(exc)})
@@ -174,6 +205,7 @@ def deploy_up(
             image_digest=image_digest(plan.engine.image)
             if launcher == "docker" and plan.engine.image
             else None,
+            image_id=image_id(plan.engine.image) if launcher == "docker" and plan.engine.image else None,
         ),
         hardware=hardware,
         launcher=handle,
@@ -212,7 +244,7 @@ def deployment_status(deployment: Deployment) -> dict:
     alive = launcher.is_running(deployment.handle)
     healthy = False
     if alive:
-        with httpx.Client(timeout=10.0) as client:
+        with httpx.Client(timeout=10.0, headers=auth_headers()) as client:
             healthy = probe(client, deployment.url, ["/health"])
     return {
         "schema": 1,

@@ -9,6 +9,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from specdeploy.api_key import auth_headers
 from specdeploy.errors import SpecdeployError
 
 LOG_TAIL_LINES = 40
@@ -56,7 +57,7 @@ def wait_for_health(
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with (
         Progress(*columns, console=console, transient=True) as progress,
-        httpx.Client(timeout=max(poll_s, 10.0)) as client,
+        httpx.Client(timeout=max(poll_s, 10.0), headers=auth_headers()) as client,
     ):
         task = progress.add_task(f"waiting for {base_url} to become healthy (timeout {timeout_s:.0f} s)")
         while True:

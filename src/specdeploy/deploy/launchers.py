@@ -12,6 +12,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
+from specdeploy.api_key import api_key_from_env, redact
+from specdeploy.deploy.image_build import build_image
 from specdeploy.deploy.processes import ProcessIdentity, identify, leader_alive, stop_group
 from specdeploy.deploy.weights import hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
@@ -68,6 +70,21 @@ def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*out, flag, value]
 
 
+def passed_env(plan: LaunchPlan) -> list[str]:
+    """Host variables a container gets by name: the Hub token, and the API key when the plan needs one."""
+    return [*DOCKER_PASSTHROUGH_ENV, *([plan.api_key_env] if plan.api_key_env else [])]
+
+
+def with_api_key(plan: LaunchPlan, argv: list[str]) -> list[str]:
+    """SGLang's argv wrapped so that its shell adds `--api-key` from the environment: argv never holds the key.
+
+    `specdeploy serve` reads the variable itself, so reference plans run unchanged.
+    """
+    if plan.api_key_env is None or plan.engine.name != "sglang":
+        return argv
+    return ["bash", "-c", f'exec "$@" --api-key "${plan.api_key_env}"', "bash", *argv]
+
+
 def server_url(plan: LaunchPlan) -> str:
     return f"http://127.0.0.1:{plan.port}"
 
@@ -85,12 +102,15 @@ class ProcessLauncher:
     name: LauncherName = "local"
 
     def command(self, plan: LaunchPlan, run_dir: Path) -> list[str]:
-        return list(plan.argv)
+        return with_api_key(plan, list(plan.argv))
 
     def start(self, plan: LaunchPlan, run_dir: Path) -> LaunchHandle:
         argv = self.command(plan, run_dir)
         log_path = run_dir / LOG_FILE
         run_dir.mkdir(parents=True, exist_ok=True)
+        if api_key_from_env():
+            # SGLang logs its arguments, the key among them: the log goes through a redacting pipe.
+            argv = [sys.executable, "-m", "specdeploy.deploy.log_redactor", str(log_path), "--", *argv]
         with log_path.open("ab") as log:
             try:
                 # A new session makes the server a process group leader: stop() signals all its workers.
@@ -165,14 +185,7 @@ class DockerLauncher:
                 "or `--launcher reference`"
             )
         # Inside the container the server must listen on all interfaces for the published port to reach it.
-        server_argv = with_flag(plan.argv, "--host", "0.0.0.0")
-        if plan.engine.install:
-            # Unreleased engine builds (e.g. DDTree) are installed into the pinned image at start.
-            server_argv = [
-                "bash",
-                "-c",
-                " && ".join([*plan.engine.install, "exec " + shlex.join(server_argv)]),
-            ]
+        server_argv = with_api_key(plan, with_flag(plan.argv, "--host", "0.0.0.0"))
         volumes = [f"{hub_cache_dir()}:{CONTAINER_HF_CACHE}"]
         volumes += [f"{m.path}:{m.path}:ro" for m in plan.models if model_location(m.path) == "local"]
         return [
@@ -190,7 +203,7 @@ class DockerLauncher:
             "--publish",
             f"{plan.host}:{plan.port}:{plan.port}",  # reachable where the plan says, not on every interface
             *[arg for volume in volumes for arg in ("--volume", volume)],
-            *[arg for name in DOCKER_PASSTHROUGH_ENV for arg in ("--env", name)],
+            *[arg for name in passed_env(plan) for arg in ("--env", name)],
             *[arg for key, value in sorted(plan.env.items()) for arg in ("--env", f"{key}={value}")],
             plan.engine.image,
             *server_argv,
@@ -199,8 +212,10 @@ class DockerLauncher:
     def start(self, plan: LaunchPlan, run_dir: Path) -> LaunchHandle:
         command = self.command(plan, run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if plan.engine.build is not None:
+            build_image(plan.engine)  # once per host: a later start finds the tag and reuses it
         # Pull first, in the open: images are tens of GB, and `docker run -d` would pull silently.
-        if subprocess.run(["docker", "pull", str(plan.engine.image)], stdout=sys.stderr).returncode != 0:
+        elif subprocess.run(["docker", "pull", str(plan.engine.image)], stdout=sys.stderr).returncode != 0:
             raise SpecdeployError(
                 f"`docker pull {plan.engine.image}` failed (see above): check the tag and your network/registry login"
             )
@@ -252,7 +267,7 @@ def _container_log(name: str, tail: str) -> str | None:
         )
     except FileNotFoundError:
         return None
-    return result.stdout if result.returncode == 0 else None
+    return redact(result.stdout) if result.returncode == 0 else None
 
 
 def get_launcher(name: str) -> Launcher:

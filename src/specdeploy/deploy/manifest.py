@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -12,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import specdeploy
+from specdeploy.api_key import redact
 from specdeploy.deploy.hardware import DetectedHardware
 from specdeploy.deploy.launchers import LaunchHandle
 from specdeploy.deploy.preflight import CheckResult
@@ -43,6 +45,8 @@ class EngineRecord(BaseModel):
     version: str
     image: str | None
     image_digest: str | None  # the image's repo digest, so the exact bits can be pulled again
+    # the local image id that ran (the only identity of an image built here, such as the DDTree build)
+    image_id: str | None = None
 
 
 class Manifest(BaseModel):
@@ -69,7 +73,8 @@ class Manifest(BaseModel):
     startup_s: float
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2) + "\n"
+        # /server_info of SGLang lists its --api-key; nothing written may hold the key
+        return json.dumps(redact(self.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
 
 
 class DeploymentRecord(BaseModel):
@@ -104,11 +109,10 @@ def git_commit(directory: Path = Path(specdeploy.__file__).parent) -> str | None
     return f"{commit}-dirty" if dirty else commit
 
 
-def image_digest(image: str) -> str | None:
-    """`docker image inspect` repo digest of a pulled image; None when docker or the image is absent."""
+def _inspect(image: str, template: str) -> str | None:
     try:
         result = subprocess.run(
-            ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", image],
+            ["docker", "image", "inspect", "--format", template, image],
             capture_output=True,
             text=True,
             timeout=60,
@@ -118,6 +122,16 @@ def image_digest(image: str) -> str | None:
     if result.returncode != 0:
         return None
     return result.stdout.strip() or None
+
+
+def image_digest(image: str) -> str | None:
+    """`docker image inspect` repo digest of a pulled image; None for a local build, or without docker."""
+    return _inspect(image, "{{index .RepoDigests 0}}")
+
+
+def image_id(image: str) -> str | None:
+    """The local image id (sha256:...) of `image`; None when docker or the image is absent."""
+    return _inspect(image, "{{.Id}}")
 
 
 def _installed_version(distribution: str) -> str | None:
@@ -145,7 +159,7 @@ def write_state(run_dir: Path, record: DeploymentRecord) -> None:
     """Write the state file atomically: a concurrent `status` never reads half of it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     partial = run_dir / f".{STATE_FILE}.partial"
-    partial.write_text(record.model_dump_json(indent=2) + "\n")
+    partial.write_text(json.dumps(redact(record.model_dump(mode="json", by_alias=True)), indent=2) + "\n")
     partial.replace(run_dir / STATE_FILE)
 
 

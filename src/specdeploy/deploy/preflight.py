@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -293,6 +294,17 @@ def check_gpus_idle(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
     return _ok("gpus idle", f"the {plan.gpus.count} GPUs hold no other work")
 
 
+def check_api_key(plan: LaunchPlan) -> CheckResult:
+    """A plan that requires a key reads it from the environment at launch: it must be there now."""
+    if os.environ.get(str(plan.api_key_env)):
+        return _ok("api key", f"${plan.api_key_env} is set; the server will require it")
+    return _fail(
+        "api key",
+        f"the plan requires an API key and ${plan.api_key_env} is not set: `export {plan.api_key_env}=...` "
+        "(clients send the same variable)",
+    )
+
+
 def check_port(host: str, port: int) -> CheckResult:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # Servers bind with SO_REUSEADDR, so a port in TIME_WAIT is free for them: probe the same way.
@@ -342,5 +354,7 @@ def run_preflight(
         checks.append(check_docker(run))
     if launcher == "local" and plan.engine.name == "sglang":
         checks.append(check_local_sglang(plan, run))
+    if plan.api_key_env is not None:
+        checks.append(check_api_key(plan))
     checks.append(check_port(plan.host, plan.port))
     return PreflightReport(checks=checks)

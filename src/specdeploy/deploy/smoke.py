@@ -7,6 +7,7 @@ import time
 import httpx
 from pydantic import BaseModel
 
+from specdeploy.api_key import auth_headers
 from specdeploy.errors import SpecdeployError
 
 SMOKE_PROMPTS = (
@@ -18,6 +19,10 @@ SMOKE_PROMPTS = (
 # Below this many tokens per verify step a drafter is barely helping: usually it was trained for another
 # target (or target version), or it is quantized; correct pairs reach 3-7 on these prompts.
 MIN_PLAUSIBLE_TAU = 1.3
+# Lossless speculation reproduces greedy AR; on GPUs, bf16 near-ties may still split two runs late in a
+# long output, so only the start of each answer must agree.
+GREEDY_PREFIX_TOKENS = 16
+GREEDY_PREFIX_CHARS = 48  # for servers that return text only
 
 
 class SmokeResult(BaseModel):
@@ -27,12 +32,27 @@ class SmokeResult(BaseModel):
     latency_s: float
     verify_steps: int | None  # SGLang `meta_info.spec_verify_ct`; None without speculation
     tau: float | None  # tokens committed per verify step, bonus token included
+    output_ids: list[int] | None = None  # when the server returns them
+
+
+class GreedyCheck(BaseModel):
+    """The speculative server's greedy answers against the AR server's, prompt by prompt."""
+
+    reference: str  # where the AR answers come from
+    unit: str  # "tokens" or "characters"
+    required: list[int]  # per prompt: leading units that must agree
+    agreed: list[int]  # per prompt: leading units that do agree
+
+    @property
+    def passed(self) -> bool:
+        return all(a >= r for a, r in zip(self.agreed, self.required, strict=True))
 
 
 class SmokeReport(BaseModel):
     results: list[SmokeResult]
     tau: float | None  # over all prompts: total completion tokens / total verify steps
     warnings: list[str]
+    greedy: GreedyCheck | None = None
 
 
 def generate(client: httpx.Client, base_url: str, prompt: str, max_new_tokens: int) -> SmokeResult:
@@ -60,6 +80,26 @@ def generate(client: httpx.Client, base_url: str, prompt: str, max_new_tokens: i
         latency_s=latency,
         verify_steps=verify_steps or None,
         tau=tau,
+        output_ids=body.get("output_ids"),
+    )
+
+
+def _agreement(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def compare_greedy(candidate: SmokeReport, reference: SmokeReport, source: str) -> GreedyCheck:
+    """How far each greedy answer agrees with the AR server's for the same prompt."""
+    pairs = list(zip(candidate.results, reference.results, strict=True))
+    by_ids = all(c.output_ids is not None and r.output_ids is not None for c, r in pairs)
+    required, agreed = [], []
+    for cand, ref in pairs:
+        a, b = (cand.output_ids, ref.output_ids) if by_ids else (cand.completion, ref.completion)
+        limit = GREEDY_PREFIX_TOKENS if by_ids else GREEDY_PREFIX_CHARS
+        required.append(min(limit, len(a), len(b)))
+        agreed.append(_agreement(a, b))
+    return GreedyCheck(
+        reference=source, unit="tokens" if by_ids else "characters", required=required, agreed=agreed
     )
 
 
@@ -70,7 +110,7 @@ def run_smoke_test(
     max_new_tokens: int = 64,
     timeout_s: float = 300.0,
 ) -> SmokeReport:
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, headers=auth_headers()) as client:
         results = [generate(client, base_url, prompt, max_new_tokens) for prompt in prompts]
     warnings = [f"prompt {i} produced no tokens" for i, r in enumerate(results) if r.completion_tokens == 0]
     steps = sum(r.verify_steps or 0 for r in results)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.engines import DDTREE_PR, DDTREE_TREE_BACKENDS
+from specdeploy.plan.ddtree import ddtree_facts
 from specdeploy.plan.launch_plan import Mode, Reason
 from specdeploy.recipes.schema import HardwareProfile, Recipe
 
@@ -71,16 +71,19 @@ def choose_attention(
     chosen = _architecture_default(recipe, hardware)
     target, target_why, draft, draft_why = chosen.target, chosen.target_why, chosen.draft, chosen.draft_why
     if full_tree:
-        if override is not None and override not in DDTREE_TREE_BACKENDS:
+        facts = ddtree_facts()
+        refusal = facts.full_tree_refusal(override) if override is not None else None
+        if refusal is not None:
+            chain = recipe.dflash.block_size - 1
             raise SpecdeployError(
-                f"DDTree verifies a branching tree, and attention backend {override} cannot express its tree "
-                f"mask in SGLang PR #{DDTREE_PR} (only {', '.join(DDTREE_TREE_BACKENDS)} can): drop "
-                f"--attention-backend, or use a budget <= {recipe.dflash.block_size - 1} (a chain, like DFlash)"
+                f"DDTree with a branching tree cannot run on this plan: {refusal}; instead drop "
+                f"--attention-backend (the plan then uses {facts.full_tree_backends[0]}), or use --mode dflash "
+                f"(a budget <= {chain} is only a chain)"
             )
-        target = draft = DDTREE_TREE_BACKENDS[0]
+        target = draft = facts.full_tree_backends[0]
         target_why = (
-            f"DDTree's branching tree needs a tree attention mask; SGLang PR #{DDTREE_PR} supports it on "
-            f"the {target} backend only (prefill and decode)"
+            f"DDTree's branching tree needs a tree attention mask: {facts.source} runs it on the {target} "
+            f"backend only, for prefill and decode (page size {facts.full_tree_page_size})"
         )
         draft_why = f"{NON_CAUSAL}; {draft} does that, and the DDTree build pairs it with a {target} target"
     elif override is not None:

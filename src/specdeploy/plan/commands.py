@@ -6,12 +6,15 @@ from typing import Annotated
 
 import typer
 
+from specdeploy.api_key import API_KEY_ENV
 from specdeploy.plan.make import make_plan
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
 from specdeploy.recipes.schema import HardwareProfile
 
 AUTO = "auto"
+API_KEY_HELP = f"Require an API key: the server reads it from ${API_KEY_ENV} at launch (written nowhere)."
+UPDATE_LOCK_HELP = "Re-resolve the lock file (Hub, registry, image) before planning, moving its pins."
 
 
 def resolve_hardware(name_or_path: str) -> HardwareProfile:
@@ -41,8 +44,15 @@ def plan(
     ] = None,
     port: Annotated[int, typer.Option(help="HTTP port of the server.")] = 30000,
     fmt: Annotated[str, typer.Option("--format", help=" | ".join(RENDERERS))] = "text",
+    api_key: Annotated[bool, typer.Option("--api-key", help=API_KEY_HELP)] = False,
+    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
 ) -> None:
-    """Show what would run on this hardware and why: argv, env, image, memory, warnings. Launches nothing."""
+    """Show what would run on this hardware and why: argv, env, image, memory, warnings. Launches nothing.
+
+    Uses the recipe's lock file when there is one (`specdeploy lock`) and refuses one that drifted."""
+    # Resolving reaches the Hub and the registry, so it lives above plan; reading a lock does not.
+    from specdeploy.lock.resolve import current_lock
+
     launch_plan = make_plan(
         recipe,
         resolve_hardware(hardware),
@@ -54,6 +64,8 @@ def plan(
         nnodes=nnodes,
         attention_backend=attention_backend,
         port=port,
+        lock=current_lock(recipe, update_lock),
+        api_key=api_key,
     )
     typer.echo(render_plan(launch_plan, fmt), nl=False)
 

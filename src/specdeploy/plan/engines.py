@@ -3,50 +3,61 @@
 from __future__ import annotations
 
 from specdeploy import __version__
-from specdeploy.plan.launch_plan import EngineSpec
+from specdeploy.plan.ddtree import ddtree_facts
+from specdeploy.plan.image import image_tag
+from specdeploy.plan.launch_plan import EngineSpec, ImageBuild
+from specdeploy.recipes.lock import LockFile
 
 SGLANG_VERSION = "0.5.23"
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130"
-SGLANG_REPO = "https://github.com/sgl-project/sglang"
 
-# DDTree lives in SGLang PR #29907 (open, not merged). The commit is the newest one of that PR the public
-# index holds (DDTreeWorker on DFlashWorkerV2); the PR's head may have moved since.
-DDTREE_PR = 29907
-DDTREE_COMMIT = "93e9850e430035f8a363fd881a6a0c5436b95108"
+# DDTree lives in SGLang PR #29907 (open, not merged); its commit and limits are recorded in ddtree_facts.toml.
+# The commit is the newest one of that PR the public index holds; the PR's head may have moved since.
+DDTREE_PR = ddtree_facts().pr
+DDTREE_COMMIT = ddtree_facts().commit
+SGLANG_REPO = ddtree_facts().repo
 DDTREE_SOURCE_DIR = "/opt/sglang-ddtree"
+DDTREE_IMAGE_REPO = "specdeploy/sglang-ddtree"
 # What the PR adds to the command line and environment on top of 0.5.23 (read from the PR itself). The
 # commit's ServerArgs also declares every other flag a DDTree plan passes (cuda_graph_max_bs_decode,
 # speculative_draft_attention_backend, speculative_num_draft_tokens, page_size, ...), checked by reading it.
 DDTREE_ALGORITHM = "DDTREE"
 DDTREE_FLAGS = ("--speculative-ddtree-budget",)
 DDTREE_ENV = ("SGLANG_DDTREE_MAX_TOPK", "SGLANG_DDTREE_DEPTH_BONUS", "SGLANG_DDTREE_RANK_PROBE")
-# The PR's full-tree mode (budget > block_size - 1) accepts only this attention backend.
-DDTREE_TREE_BACKENDS = ("triton",)
+DDTREE_TREE_BACKENDS = tuple(ddtree_facts().full_tree_backends)
 
 
-def sglang_release() -> EngineSpec:
+def release_image(lock: LockFile | None) -> str:
+    """The release image by tag, or tag@digest when a lock pins it."""
+    return lock.image.pinned if lock is not None else SGLANG_IMAGE
+
+
+def sglang_release(lock: LockFile | None = None) -> EngineSpec:
     return EngineSpec(
-        name="sglang", version=SGLANG_VERSION, image=SGLANG_IMAGE, source=f"sglang=={SGLANG_VERSION}"
+        name="sglang", version=SGLANG_VERSION, image=release_image(lock), source=f"sglang=={SGLANG_VERSION}"
     )
 
 
-def sglang_ddtree_build() -> EngineSpec:
-    """The PR's source installed into the release image, with the dependency pins of its own branch.
+def sglang_ddtree_build(lock: LockFile | None = None) -> EngineSpec:
+    """The PR's source installed on top of the release image, built once into an image of its own.
 
-    The PR branched from an older main than 0.5.23 (its argument hooks predate 0.5.23's), so it brings its
-    own compiled-kernel pins rather than trusting the image's.
+    The PR branched from an older main than 0.5.23, so its dependencies differ from the image's; the lock pins
+    the ones pip chose for it, so that every build installs the same.
     """
+    build = ImageBuild(
+        base=release_image(lock),
+        repo=SGLANG_REPO,
+        pull_request=DDTREE_PR,
+        commit=DDTREE_COMMIT,
+        source_dir=DDTREE_SOURCE_DIR,
+        constraints=list(lock.ddtree.constraints) if lock is not None else [],
+    )
     return EngineSpec(
         name="sglang",
         version=f"pr{DDTREE_PR}-{DDTREE_COMMIT[:10]}",
-        image=SGLANG_IMAGE,
+        image=image_tag(build, DDTREE_IMAGE_REPO),
         source=f"git+{SGLANG_REPO}@{DDTREE_COMMIT}#subdirectory=python",
-        install=[
-            f"git clone --filter=blob:none {SGLANG_REPO} {DDTREE_SOURCE_DIR}",
-            f"git -C {DDTREE_SOURCE_DIR} fetch origin pull/{DDTREE_PR}/head",
-            f"git -C {DDTREE_SOURCE_DIR} checkout {DDTREE_COMMIT}",
-            f"pip install -e {DDTREE_SOURCE_DIR}/python",
-        ],
+        build=build,
     )
 
 

@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PLAN_SCHEMA = 1
+# 2: engine.install (steps run at every container start) became engine.build (an image built once),
+# memory.tree_buffers_per_gpu and api_key_env were added.
+PLAN_SCHEMA = 2
 
 Mode = Literal["ar", "dflash", "ddtree", "eagle3"]
 EngineName = Literal["sglang", "reference"]
@@ -21,17 +23,29 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ImageBuild(_Frozen):
+    """An image specdeploy builds once per host (an unreleased SGLang build): everything its Dockerfile says."""
+
+    base: str  # FROM: the release image, tag@digest once locked
+    repo: str
+    pull_request: int
+    commit: str
+    source_dir: str  # where the source is checked out inside the image
+    # name==version pins (from the lock) that the install may not move; empty: dependencies resolve at build
+    constraints: list[str] = Field(default_factory=list)
+
+
 class EngineSpec(_Frozen):
     """Which server runs the plan and exactly how to obtain it."""
 
     name: EngineName
     version: str
-    # A pinned container tag (never `latest`); None for the reference engine, which runs in-process.
+    # A pinned container tag or tag@digest (never `latest`); for a build, its content-addressed tag; None for
+    # the reference engine, which runs in-process.
     image: str | None
     # A pip requirement (`sglang==0.5.23`) or `git+URL@COMMIT#subdirectory=...` for unreleased builds.
     source: str
-    # Shell lines that install `source` into an image or venv; empty when the image already has it.
-    install: list[str] = Field(default_factory=list)
+    build: ImageBuild | None = None  # set when `image` is built here rather than pulled
 
 
 class ModelRef(_Frozen):
@@ -65,6 +79,8 @@ class MemoryTable(_Frozen):
     drafter_per_gpu: int
     recurrent_state_per_gpu: int = 0  # Gated DeltaNet / Mamba state of all running requests
     cuda_graph_reserve: int
+    # Triton's CUDA-graph tree-verify buffers (full-tree DDTree), part of the reserve above
+    tree_buffers_per_gpu: int = 0
     activation_reserve: int
     kv_bytes_per_token: int  # per GPU: the target's share plus the drafter's
     kv_budget_per_gpu: int
@@ -102,6 +118,8 @@ class LaunchPlan(_Frozen):
     warnings: list[str]
     reasons: list[Reason]
     summary: str = ""  # one line: what runs where
+    # The environment variable the server reads its API key from at launch; None: no key required.
+    api_key_env: str | None = None
 
     @property
     def launcher_prefix(self) -> tuple[str, ...]:

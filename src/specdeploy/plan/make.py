@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import get_args
 
+from specdeploy.api_key import API_KEY_ENV
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import sglang_args
 from specdeploy.plan.backends import choose_attention
-from specdeploy.plan.engines import (
-    DDTREE_COMMIT,
-    DDTREE_PR,
-    reference_engine,
-    sglang_ddtree_build,
-    sglang_release,
-)
+from specdeploy.plan.ddtree import ddtree_facts
+from specdeploy.plan.engines import reference_engine, sglang_ddtree_build, sglang_release
 from specdeploy.plan.launch_plan import (
     REFERENCE_LAUNCH,
     SGLANG_LAUNCH,
@@ -25,8 +21,10 @@ from specdeploy.plan.launch_plan import (
     ModelRef,
     Reason,
 )
+from specdeploy.plan.locking import locked_recipe
 from specdeploy.plan.memory import Workload, budget_memory, gib
 from specdeploy.recipes.loader import load_hardware, load_recipe
+from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
 
 MODES: tuple[str, ...] = get_args(Mode)
@@ -47,14 +45,24 @@ def make_plan(
     nnodes: int = 1,
     attention_backend: str | None = None,
     port: int = DEFAULT_PORT,
+    lock: LockFile | None = None,
+    api_key: bool = False,
 ) -> LaunchPlan:
     """Decide everything about one launch; raise SpecdeployError for combinations that cannot work.
 
     Names are resolved through the shipped recipe data (the only read it does); objects are used as given.
+    `lock` pins the checkpoints, the image and the DDTree build (refused when it drifted from the recipe);
+    `api_key`: the server requires the key it finds in $SPECDEPLOY_API_KEY at launch.
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     hardware = load_hardware(hardware) if isinstance(hardware, str) else hardware
     _check_request(recipe, hardware, mode, budget, nnodes)
+    if lock is not None:
+        if recipe.engine == "reference":
+            raise SpecdeployError(
+                f"{recipe.name} runs models shipped with specdeploy: its version pins them; remove the lock file"
+            )
+        recipe = locked_recipe(recipe, lock, _models_of(recipe, mode), ddtree=mode == "ddtree")
     drafter = _drafter(recipe, mode)
     context = recipe.default_context_length if context_length is None else context_length
     running = recipe.default_max_running_requests if max_running_requests is None else max_running_requests
@@ -62,9 +70,13 @@ def make_plan(
     block = recipe.dflash.block_size
     if mode == "ddtree" and budget is None:
         budget = block - 1
-    full_tree = mode == "ddtree" and budget is not None and budget > block - 1
+    full_tree = mode == "ddtree" and budget is not None and ddtree_facts().is_full_tree(budget, block)
     reference = recipe.engine == "reference"
     total_gpus = max(1, hardware.gpu_count) * nnodes
+    # Only the SGLang build allocates triton's tree-verify graph buffers (every rank holds them whole).
+    tree_buffers = (
+        ddtree_facts().tree_buffer_bytes(budget, running, context) if full_tree and not reference else 0
+    )
 
     def workload(tp_size: int) -> Workload:
         return Workload(
@@ -73,10 +85,12 @@ def make_plan(
             max_running_requests=running,
             cuda_graph_max_bs=None if reference else running,
             speculative=mode != "ar",
+            tree_buffers=tree_buffers,
         )
 
     tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
     warnings = _warnings(recipe, hardware, mode, budget, full_tree, drafter, tp_size, total_gpus, nnodes)
+    warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
     if reference:
         argv = _reference_argv(recipe, mode, budget, drafter, port)
@@ -88,7 +102,7 @@ def make_plan(
         argv = [*SGLANG_LAUNCH, *args.argv]
         env = sglang_args.environment(hardware, tp_size)
         reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
-        engine = sglang_ddtree_build() if mode == "ddtree" else sglang_release()
+        engine = sglang_ddtree_build(lock) if mode == "ddtree" else sglang_release(lock)
     return LaunchPlan(
         recipe=recipe.name,
         hardware=hardware.name,
@@ -100,7 +114,7 @@ def make_plan(
         env=env,
         host=DEFAULT_HOST,
         port=port,
-        models=_model_refs(recipe, drafter),
+        models=_model_refs(recipe, drafter, lock),
         gpus=GpuRequirement(
             profile=hardware.name,
             gpu_model=hardware.gpu_model,
@@ -114,6 +128,7 @@ def make_plan(
         warnings=warnings,
         reasons=reasons,
         summary=_summary(recipe, hardware, mode, budget, tp_size, nnodes),
+        api_key_env=API_KEY_ENV if api_key else None,
     )
 
 
@@ -147,6 +162,11 @@ def _check_request(
                 f"target {recipe.target.path}: a drafter on the wrong target accepts almost nothing; use the "
                 f"drafter trained for {recipe.target.path}"
             )
+
+
+def _models_of(recipe: Recipe, mode: str) -> list[ModelFacts]:
+    drafter = _drafter(recipe, mode)
+    return [recipe.target, *([drafter] if drafter is not None else [])]
 
 
 def _drafter(recipe: Recipe, mode: str) -> ModelFacts | None:
@@ -207,14 +227,16 @@ def _choose_tp(
     return total_gpus, memory, Reason(choice=f"--tp-size {total_gpus}", why=why)
 
 
-def _model_refs(recipe: Recipe, drafter: ModelFacts | None) -> list[ModelRef]:
+def _model_refs(recipe: Recipe, drafter: ModelFacts | None, lock: LockFile | None) -> list[ModelRef]:
     def ref(model: ModelFacts, role: str) -> ModelRef:
+        locked = lock.model(model.path) if lock is not None else None
         return ModelRef(
             role=role,
             path=model.path,
             revision=model.revision,
             gated=model.gated,
-            disk_bytes=model.disk_bytes,
+            # what the download really is, once the lock has listed the files
+            disk_bytes=locked.total_bytes if locked is not None else model.disk_bytes,
             access_url=model.access_url,
         )
 
@@ -238,19 +260,32 @@ def _warnings(
         if model is not None and model.revision is None and not model.is_zoo:
             warnings.append(
                 f"{model.path} has no pinned revision: the server loads whatever `main` is at launch time; "
-                "pin a commit in the recipe for reproducible runs"
+                f"`specdeploy lock {recipe.name}` pins it (or pin a commit in the recipe)"
             )
         if model is not None and model.gated:
             warnings.append(
                 f"{model.path} is gated: request access at {model.access_url} and export HF_TOKEN before `up`"
             )
     if mode == "ddtree" and recipe.engine == "sglang":
+        facts = ddtree_facts()
         warnings.append(
-            f"DDTree runs an unmerged SGLang build: PR #{DDTREE_PR} at commit {DDTREE_COMMIT[:10]}, installed "
-            "into the 0.5.23 image at start-up with its own dependency pins (see engine.install); that commit is "
-            "the newest the public index holds and the PR may have moved; only the PR's own flags are checked "
-            "against it, the rest of the command line against 0.5.23's parser"
+            f"DDTree runs an unmerged SGLang build: {facts.source}, built once per host into its own image on "
+            "top of the 0.5.23 release (`specdeploy image build`); that commit is the newest the public index "
+            "holds and the PR may have moved; only the PR's own flags are checked against it, the rest of the "
+            "command line against 0.5.23's parser"
         )
+        if not full_tree:
+            warnings.append(
+                f"budget {budget} <= block size - 1 = {recipe.dflash.block_size - 1}: {facts.source} runs this as "
+                '"spine" mode, one chain verified with a causal mask and overlap scheduling off, so it cannot '
+                f"beat DFlash: use --mode dflash, or a budget above {recipe.dflash.block_size - 1} for a tree"
+            )
+        if recipe.target.attention not in facts.tested_upstream.attention:
+            warnings.append(
+                f"{recipe.target.path} uses {recipe.target.attention.upper()} attention, which {facts.source} never "
+                "tested (its runs used GQA targets): the smoke test compares greedy outputs with the AR server's "
+                "before a campaign measures it"
+            )
         if full_tree and recipe.target.attention == "hybrid":
             warnings.append(
                 f"{recipe.target.path} has recurrent (Gated DeltaNet) layers: tree verification must fork their "
@@ -282,6 +317,15 @@ def _warnings(
         warnings.append("the memory table rests on unverified facts: " + "; ".join(unverified))
     warnings += recipe.known_issues
     return warnings
+
+
+def _lock_warnings(recipe: Recipe, mode: str, lock: LockFile | None) -> list[str]:
+    if lock is not None or recipe.engine != "sglang" or mode != "ddtree":
+        return []
+    return [
+        "no lock file: the DDTree image's pip dependencies resolve anew at every build and may differ between "
+        f"hosts; `specdeploy lock {recipe.name}` pins them (and the base image's digest)"
+    ]
 
 
 def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[str]:

@@ -39,6 +39,7 @@ class Workload:
     max_running_requests: int
     cuda_graph_max_bs: int | None  # None: no CUDA graphs (reference engine)
     speculative: bool
+    tree_buffers: int = 0  # triton's tree-verify graph buffers per GPU (full-tree DDTree)
 
 
 def weights_per_gpu(model: ModelFacts, tp: int) -> int:
@@ -57,7 +58,7 @@ def _reserves(target: TargetFacts, work: Workload) -> tuple[int, int]:
         return 0, REFERENCE_RUNTIME_BYTES
     graphs = (GRAPH_BASE_BYTES + GRAPH_BYTES_PER_BATCH * work.cuda_graph_max_bs) * (
         2 if work.speculative else 1
-    )
+    ) + work.tree_buffers
     activations = RUNTIME_BASE_BYTES + ACTIVATION_COPIES * target.hidden * PREFILL_CHUNK_TOKENS * 2
     return graphs, activations
 
@@ -108,6 +109,7 @@ def budget_memory(
         drafter_per_gpu=draft_weights,
         recurrent_state_per_gpu=recurrent,
         cuda_graph_reserve=graphs,
+        tree_buffers_per_gpu=work.tree_buffers,
         activation_reserve=activations,
         kv_bytes_per_token=per_token,
         kv_budget_per_gpu=kv_budget,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdeploy.plan.backends import AttentionChoice
-from specdeploy.plan.engines import DDTREE_ALGORITHM, DDTREE_PR
+from specdeploy.plan.ddtree import ddtree_facts
+from specdeploy.plan.engines import DDTREE_ALGORITHM
 from specdeploy.plan.launch_plan import MemoryTable, Reason
 from specdeploy.plan.memory import gib
 from specdeploy.recipes.schema import (
@@ -124,18 +125,25 @@ def _dflash_args(
         )
     ]
     if mode == "ddtree":
-        argv += ["--speculative-ddtree-budget", str(budget), "--page-size", "1"]
-        reasons += [
+        facts = ddtree_facts()
+        argv += ["--speculative-ddtree-budget", str(budget)]
+        reasons.append(
             Reason(
                 choice=f"--speculative-ddtree-budget {budget}",
-                why=f"tree nodes verified per step besides the bonus token (PR #{DDTREE_PR}); "
-                f"<= {drafter.block_size - 1} is a chain like DFlash, more branches",
-            ),
-            Reason(
-                choice="--page-size 1",
-                why=f"PR #{DDTREE_PR} compacts the KV cache per token: page size 1 only",
-            ),
-        ]
+                why=f"tree nodes verified per step besides the bonus token ({facts.source}); "
+                f"<= {drafter.block_size - facts.spine_margin} is a chain like DFlash, more branches",
+            )
+        )
+        if facts.is_full_tree(budget, drafter.block_size):
+            page = facts.full_tree_page_size
+            argv += ["--page-size", str(page)]
+            reasons.append(
+                Reason(
+                    choice=f"--page-size {page}",
+                    why=f"{facts.source} refuses to start a tree on any other page size "
+                    f'("DDTREE currently supports only page_size == {page}")',
+                )
+            )
     elif drafter.draft_window_size:
         # The DDTree build ignores the window (it warns that only DFLASH and EAGLE3 honour it).
         argv += ["--speculative-draft-window-size", str(drafter.draft_window_size)]

@@ -15,14 +15,20 @@ from starlette.responses import JSONResponse
 
 from specdeploy.server import routes_info, routes_native, routes_openai
 from specdeploy.server.api_errors import ApiError, error_body
+from specdeploy.server.guard import GuardMiddleware, HttpGuard
 from specdeploy.server.service import EngineFailed, EngineService, ServerConfig
+from specdeploy.server.text_limits import max_prompt_chars
 
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
-    """An app serving `engine` (a runtime.Engine); its worker thread starts and stops with the app."""
+def create_app(engine: Any, config: ServerConfig | None = None, guard: HttpGuard | None = None) -> FastAPI:
+    """An app serving `engine` (a runtime.Engine); its worker thread starts and stops with the app.
+
+    `guard`: the API key and the request size limit (none and the default size without it).
+    """
     service = EngineService(engine, config or ServerConfig())
+    guard = guard or HttpGuard()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -34,6 +40,9 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="specdeploy reference engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.state.guard = guard
+    app.state.max_prompt_chars = max_prompt_chars(service.tokenizer, service.limits.max_context)
+    app.add_middleware(GuardMiddleware, guard=guard)
     for module in (routes_info, routes_native, routes_openai):
         app.include_router(module.router)
     app.add_exception_handler(ApiError, _api_error)

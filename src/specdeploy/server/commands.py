@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+from specdeploy.api_key import API_KEY_ENV
+from specdeploy.server.guard import DEFAULT_MAX_BODY_BYTES
+
 
 def serve(
     target: Annotated[str, typer.Option(help="Target checkpoint directory or zoo:NAME.")],
@@ -27,19 +30,41 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_envvar=True,
+            help="Require `Authorization: Bearer KEY` on every route but /health*, /ready and /metrics "
+            "(prefer the environment variable: argv is visible to every user of the machine).",
+        ),
+    ] = None,
+    max_request_bytes: Annotated[
+        int, typer.Option(help="Largest request body accepted; larger ones get 413 before they are read.")
+    ] = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve the reference engine with SGLang's HTTP API (native /generate and OpenAI routes)."""
     from specdeploy.engine.runtime import load_engine
     from specdeploy.errors import SpecdeployError
-    from specdeploy.server.launch import check_port_free, serve_engine
+    from specdeploy.server.guard import HttpGuard
+    from specdeploy.server.launch import check_port_free, is_loopback, serve_engine
     from specdeploy.server.service import ServerConfig
 
     if max_queued_requests < 1:
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
+    if max_request_bytes < 1:
+        raise SpecdeployError(f"--max-request-bytes must be at least 1, got {max_request_bytes}")
+    if not api_key and not is_loopback(host):
+        typer.echo(
+            f"warning: serving on {host} without an API key: anyone who reaches this address can use the "
+            f"server; set {API_KEY_ENV} (or --api-key)",
+            err=True,
+        )
     check_port_free(host, port)
     engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
     config = ServerConfig(max_queued_requests=max_queued_requests, served_model_name=served_model_name)
-    serve_engine(engine, config, host, port, log_level)
+    guard = HttpGuard(api_key=api_key or None, max_body_bytes=max_request_bytes)
+    serve_engine(engine, config, host, port, log_level, guard)
 
 
 def load(

@@ -9,21 +9,75 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from specdeploy.server.api_errors import ApiError, error_body
+from specdeploy.server.guard import HttpGuard, body_too_large
 from specdeploy.server.service import EngineService
+from specdeploy.server.text_limits import check_text_length
 
 SSE_DONE = b"data: [DONE]\n\n"
+# Requests are flat objects holding lists (batches of token ids, messages with content parts): a few levels.
+MAX_JSON_DEPTH = 32
 
 
 def service_of(request: Request) -> EngineService:
     return request.app.state.service
 
 
+def guard_of(request: Request) -> HttpGuard:
+    return request.app.state.guard
+
+
+def check_texts(request: Request, texts: list[str], param: str) -> None:
+    """Refuse texts too long for the context, and batches larger than the queue, before any is tokenised."""
+    service = service_of(request)
+    if len(texts) > service.worker.max_queued:  # the same refusal submit_all gives, before the work
+        raise ApiError(
+            f"A batch of {len(texts)} prompts can never fit the request queue ({service.worker.max_queued}); "
+            "split it or raise --max-queued-requests.",
+            413,
+        )
+    limit = request.app.state.max_prompt_chars
+    for text in texts:  # each prompt must fit the context on its own
+        check_text_length(len(text), limit, service.limits.max_context, param)
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` (chunked uploads announce no length)."""
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(body_too_large(limit)["message"], 413)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 async def read_json(request: Request) -> Any:
-    body = await request.body()
+    body = await _bounded_body(request, guard_of(request).max_body_bytes)
+    too_deep = ApiError(
+        f"The request body nests deeper than {MAX_JSON_DEPTH} levels; send a flat JSON object."
+    )
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(f"The request body is not valid JSON ({exc}); send a JSON object.") from None
+    except RecursionError:  # the C parser gives up on deep nesting such as `[` x 5000
+        raise too_deep from None
+    if json_depth(value) > MAX_JSON_DEPTH:  # shallower than the parser's limit, still deeper than any request
+        raise too_deep
+    return value
 
 
 async def read_model(request: Request, model: type[BaseModel]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import socket
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import uvicorn
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.server.app import create_app
+from specdeploy.server.guard import HttpGuard
 from specdeploy.server.service import ServerConfig
 
 GRACEFUL_SHUTDOWN_S = 5  # open connections get this long to finish before uvicorn cancels them
@@ -44,8 +46,23 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve_engine(engine: Any, config: ServerConfig, host: str, port: int, log_level: str = "info") -> None:
-    app = create_app(engine, config)
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a name, IPv4 or IPv6 address)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve_engine(
+    engine: Any,
+    config: ServerConfig,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    guard: HttpGuard | None = None,
+) -> None:
+    app = create_app(engine, config, guard)
     uvicorn_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
     )

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from specdeploy.api_key import auth_headers
 from specdeploy.errors import SpecdeployError
 
 
@@ -87,7 +88,9 @@ async def run_load(url: str, concurrency: int, requests: int, max_new_tokens: in
             outcomes.append(await _one_request(client, url, payload))
 
     limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0), limits=limits, headers=auth_headers()
+    ) as client:
         try:
             await client.get(url + "/health", timeout=10.0)
         except httpx.HTTPError as exc:

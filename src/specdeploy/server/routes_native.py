@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import SSE_DONE, read_json, service_of, sse, sse_error
+from specdeploy.server.http_utils import SSE_DONE, check_texts, read_json, service_of, sse, sse_error
 from specdeploy.server.params import parse_sampling_params
 from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.worker import Job
@@ -25,7 +25,7 @@ UNSUPPORTED_TRUE = ("return_logprob", "return_hidden_states", "return_routed_exp
 async def generate(request: Request) -> Response:
     service = service_of(request)
     body = await read_json(request)
-    gens, batched = _parse(body, service)
+    gens, batched = _parse(body, service, request)
     jobs = service.submit_all(gens)
     if body.get("stream", False):
         return StreamingResponse(_stream(service, gens, jobs, batched), media_type="text/event-stream")
@@ -35,7 +35,7 @@ async def generate(request: Request) -> Response:
     return JSONResponse(outputs if batched else outputs[0])
 
 
-def _parse(body: Any, service: EngineService) -> tuple[list[Generation], bool]:
+def _parse(body: Any, service: EngineService, request: Request) -> tuple[list[Generation], bool]:
     """Validate the whole request before anything is queued; returns the generations and whether it is a batch."""
     if not isinstance(body, dict):
         raise ApiError(f"The request body must be a JSON object, got {type(body).__name__}.")
@@ -48,7 +48,7 @@ def _parse(body: Any, service: EngineService) -> tuple[list[Generation], bool]:
     if (text is None) == (input_ids is None):
         raise ApiError("Give exactly one of text or input_ids.", param="text")
     if text is not None:
-        prompts, batched, field = _text_prompts(text, service), isinstance(text, list), "text"
+        prompts, batched, field = _text_prompts(text, service, request), isinstance(text, list), "text"
     else:
         batched = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
         prompts, field = (input_ids if batched else [input_ids]), "input_ids"
@@ -86,10 +86,11 @@ def _request_ids(rid: Any, count: int) -> list[str | None]:
     return rids
 
 
-def _text_prompts(text: Any, service: EngineService) -> list[list[int]]:
+def _text_prompts(text: Any, service: EngineService, request: Request) -> list[list[int]]:
     texts = text if isinstance(text, list) else [text]
     if not all(isinstance(t, str) for t in texts):
         raise ApiError("text must be a string or a list of strings.", param="text")
+    check_texts(request, texts, "text")
     return [service.tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 

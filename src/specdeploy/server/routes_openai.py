@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import SSE_DONE, read_model, service_of, sse, sse_error
+from specdeploy.server.http_utils import SSE_DONE, check_texts, read_model, service_of, sse, sse_error
 from specdeploy.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specdeploy.server.params import parse_sampling_params
 from specdeploy.server.service import EngineFailed, EngineService
@@ -56,7 +56,7 @@ async def completions(request: Request) -> Response:
     _check_common(req, service)
     if req.echo or req.suffix:
         raise ApiError("echo and suffix are not supported by the reference engine.", param="echo")
-    prompts = _completion_prompts(req, service)
+    prompts = _completion_prompts(req, service, request)
     params = parse_sampling_params(
         req.sampling_params(req.max_tokens), service.limits, max_tokens_field="max_tokens"
     )
@@ -79,7 +79,7 @@ async def chat_completions(request: Request) -> Response:
             "use /v1/completions or a non-streaming request.",
             param="return_token_ids",
         )
-    prompt_ids = _chat_prompt(req, service)
+    prompt_ids = _chat_prompt(req, service, request)
     max_new_tokens = req.max_output_tokens()
     if max_new_tokens is None:  # SGLang's default: whatever room the context leaves
         max_new_tokens = max(service.limits.max_context - len(prompt_ids), 1)
@@ -101,21 +101,25 @@ def _check_common(req: SamplingFields, service: EngineService) -> None:
     req.refuse_unsupported()
 
 
-def _completion_prompts(req: CompletionRequest, service: EngineService) -> list[list[int]]:
+def _completion_prompts(req: CompletionRequest, service: EngineService, request: Request) -> list[list[int]]:
     prompt = req.prompt
     if not prompt:
         raise ApiError("Prompt cannot be empty", param="prompt")
     if isinstance(prompt, str):
+        check_texts(request, [prompt], "prompt")
         return [service.tokenizer.encode(prompt)]
     if isinstance(prompt[0], str):
+        check_texts(request, prompt, "prompt")
         return [service.tokenizer.encode(p) for p in prompt]
     if isinstance(prompt[0], int):
         return [prompt]
     return prompt
 
 
-def _chat_prompt(req: ChatCompletionRequest, service: EngineService) -> list[int]:
+def _chat_prompt(req: ChatCompletionRequest, service: EngineService, request: Request) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    # one prompt: the messages together must fit, and the template only adds to them
+    check_texts(request, ["".join(m["content"] for m in messages)], "messages")
     kwargs = dict(req.chat_template_kwargs or {})
     if "chat_template" in kwargs:
         raise ApiError("A request-supplied chat_template is not allowed.", param="chat_template_kwargs")

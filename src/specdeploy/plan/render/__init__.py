@@ -1,4 +1,4 @@
-"""Render a LaunchPlan as text, JSON, a shell script, a docker compose file or Kubernetes manifests."""
+"""Render a LaunchPlan as text, JSON, a shell script, a compose file, Kubernetes manifests or a Dockerfile."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.render.compose import render_compose
+from specdeploy.plan.render.dockerfile import render_dockerfile
 from specdeploy.plan.render.k8s import render_k8s
 from specdeploy.plan.render.shell import render_shell
 from specdeploy.plan.render.text import render_text
@@ -23,6 +24,7 @@ RENDERERS: dict[str, Callable[[LaunchPlan], str]] = {
     "sh": render_shell,
     "compose": render_compose,
     "k8s": render_k8s,
+    "dockerfile": render_dockerfile,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.plan.image import dockerfile
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.render.container import (
     HF_CACHE_IN_CONTAINER,
@@ -24,14 +25,22 @@ def render_compose(plan: LaunchPlan) -> str:
         )
     gated = gated_models(plan)
     token = f"${{HF_TOKEN:?{gated[0]} is gated: export HF_TOKEN}}" if gated else "${HF_TOKEN:-}"
-    service = {
-        "image": plan.engine.image,
-        "command": ["bash", "-c", container_shell_command(plan)],
+    environment = {"HF_TOKEN": token}
+    if plan.api_key_env is not None:
+        needed = f"the server requires an API key: export {plan.api_key_env}"
+        environment[plan.api_key_env] = f"${{{plan.api_key_env}:?{needed}}}"
+    service: dict = {"image": plan.engine.image}
+    if plan.engine.build is not None:
+        # Compose builds the image under this tag once, and reuses it while the tag exists.
+        service["build"] = {"context": ".", "dockerfile_inline": dockerfile(plan.engine.build)}
+    service |= {
+        # $$: the container's shell expands the key from its environment, compose does not paste it in
+        "command": ["bash", "-c", container_shell_command(plan).replace("$", "$$")],
         "ipc": "host",
         "shm_size": SHM_SIZE,
         "ports": [f"{plan.port}:{plan.port}"],
         "volumes": [f"${{HF_HOME:-~/.cache/huggingface}}:{HF_CACHE_IN_CONTAINER}"],
-        "environment": {"HF_TOKEN": token, **plan.env},
+        "environment": {**environment, **plan.env},
         "healthcheck": {
             "test": ["CMD-SHELL", f"curl -fsS http://localhost:{plan.port}/health || exit 1"],
             "interval": "30s",

@@ -35,10 +35,16 @@ def container_argv(plan: LaunchPlan) -> list[str]:
     return with_flag(plan.argv, "--host", ALL_INTERFACES)
 
 
+def api_key_args(plan: LaunchPlan) -> str:
+    """SGLang's `--api-key` taken from the environment by the shell, so the key itself is written nowhere."""
+    if plan.api_key_env is None or plan.engine.name != "sglang":
+        return ""  # `specdeploy serve` reads the variable itself
+    return f' --api-key "${plan.api_key_env}"'
+
+
 def container_shell_command(plan: LaunchPlan, extra_args: str = "") -> str:
-    """One shell line: install an unreleased build if the plan needs one, then exec the server."""
-    server = shlex.join(container_argv(plan)) + extra_args
-    return " && ".join([*plan.engine.install, f"exec {server}"])
+    """One shell line that execs the server (the image holds the build: nothing is installed at start)."""
+    return "exec " + shlex.join(container_argv(plan)) + extra_args + api_key_args(plan)
 
 
 def gated_models(plan: LaunchPlan) -> list[str]:

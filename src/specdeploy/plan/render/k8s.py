@@ -15,6 +15,9 @@ from specdeploy.plan.render.container import (
 )
 
 HF_TOKEN_SECRET = "hf-token"  # kubectl create secret generic hf-token --from-literal=token=$HF_TOKEN
+API_KEY_SECRET = (
+    "specdeploy-api-key"  # kubectl create secret generic specdeploy-api-key --from-literal=key=...
+)
 HF_CACHE_CLAIM = "hf-cache"  # a PersistentVolumeClaim large enough for the weights, created beforehand
 SHM_LIMIT = "32Gi"
 # LeaderWorkerSet injects these into every pod of a group.
@@ -26,6 +29,9 @@ def _container(plan: LaunchPlan, leader: bool) -> dict:
     env = [{"name": key, "value": value} for key, value in sorted(plan.env.items())]
     token_ref = {"name": HF_TOKEN_SECRET, "key": "token", "optional": not gated_models(plan)}
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": token_ref}})
+    if plan.api_key_env is not None:
+        key_ref = {"name": API_KEY_SECRET, "key": "key"}
+        env.append({"name": plan.api_key_env, "valueFrom": {"secretKeyRef": key_ref}})
     container = {
         "name": "sglang",
         "image": plan.engine.image,
@@ -84,9 +90,17 @@ def render_k8s(plan: LaunchPlan) -> str:
             "ports": [{"name": "http", "port": plan.port, "targetPort": plan.port}],
         },
     }
+    needs = f"a Secret `{HF_TOKEN_SECRET}` (key `token`)"
+    if plan.api_key_env is not None:
+        needs += f", a Secret `{API_KEY_SECRET}` (key `key`: the server's API key)"
     header = (
         f"# {plan.summary}\n"
-        f"# Needs the LeaderWorkerSet controller, a Secret `{HF_TOKEN_SECRET}` (key `token`) and a "
-        f"PersistentVolumeClaim `{HF_CACHE_CLAIM}` for the weights.\n"
+        f"# Needs the LeaderWorkerSet controller, {needs} and a PersistentVolumeClaim `{HF_CACHE_CLAIM}` for "
+        "the weights.\n"
     )
+    if plan.engine.build is not None:
+        header += (
+            f"# {plan.engine.image} is built here, not pulled: `specdeploy image build`, then tag and push it to "
+            "a registry the cluster pulls from and change `image` below.\n"
+        )
     return header + yaml.safe_dump_all([lws, service], sort_keys=False, width=10_000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from specdeploy import __version__
+from specdeploy.plan.image import dockerfile
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.render.container import (
     DIST_INIT_PORT,
@@ -31,6 +32,10 @@ def render_shell(plan: LaunchPlan) -> str:
         lines.append(
             f': "${{HF_TOKEN:?{path} is gated: request access on its Hub page, then export HF_TOKEN}}"'
         )
+    if plan.api_key_env is not None:
+        lines.append(
+            f': "${{{plan.api_key_env}:?the server requires an API key: export {plan.api_key_env}}}"'
+        )
     if plan.gpus.nnodes > 1:
         lines += [
             f': "${{NODE_RANK:?set NODE_RANK: 0 on the first node .. {plan.gpus.nnodes - 1} on the last}}"',
@@ -42,8 +47,15 @@ def render_shell(plan: LaunchPlan) -> str:
     # Multi-node NCCL and the distributed init need the host's interfaces, not a bridge network.
     docker.append("--network=host" if plan.gpus.nnodes > 1 else f"-p {plan.port}:{plan.port}")
     docker.append('-v "${HF_HOME:-$HOME/.cache/huggingface}:' + HF_CACHE_IN_CONTAINER + '"')
+    if plan.engine.build is not None:
+        # Built once per host: later runs find the content-addressed tag and skip the build.
+        lines.append(
+            f"docker image inspect {plan.engine.image} >/dev/null 2>&1 || docker build -t {plan.engine.image} - <<'DOCKERFILE'"
+        )
+        lines.append(dockerfile(plan.engine.build) + "DOCKERFILE")
     passed = [
         "HF_TOKEN",
+        *([plan.api_key_env] if plan.api_key_env else []),
         *sorted(plan.env),
         *(["NODE_RANK", "DIST_INIT_ADDR"] if plan.gpus.nnodes > 1 else []),
     ]

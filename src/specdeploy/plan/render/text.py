@@ -35,6 +35,8 @@ def _command_lines(plan: LaunchPlan) -> list[str]:
             groups.append(shlex.quote(arg))
         else:
             groups[-1] += " " + shlex.quote(arg)
+    if plan.api_key_env is not None and plan.engine.name == "sglang":
+        groups.append(f'--api-key "${plan.api_key_env}"')  # expanded at launch: the key is written nowhere
     head = " ".join([*env, *launcher])
     return ["  " + head + " \\"] + [f"      {group} \\" for group in groups[:-1]] + [f"      {groups[-1]}"]
 
@@ -62,6 +64,11 @@ def _memory(plan: LaunchPlan) -> list[str]:
         ("drafter weights", m.drafter_per_gpu, ""),
         ("recurrent state", m.recurrent_state_per_gpu, "Gated DeltaNet state of all running requests"),
         ("CUDA graphs", m.cuda_graph_reserve, "reserve outside the static pool (estimate)"),
+        (
+            "  tree buffers",
+            m.tree_buffers_per_gpu,
+            "of which triton tree verify: (budget+1) x batch x context",
+        ),
         ("runtime, activations", m.activation_reserve, f"{runtime} (estimate)"),
         ("KV cache", m.kv_budget_per_gpu, f"{m.kv_tokens_fit:,} tokens at {m.kv_bytes_per_token:,} B/token"),
     ]
@@ -89,9 +96,17 @@ def render_text(plan: LaunchPlan) -> str:
         + (f", container image {engine.image}" if engine.image else "")
         + f" ({engine.source})"
     )
-    if engine.install:
-        lines.append("  this build is installed into the image at start-up by:")
-        lines += [f"    {step}" for step in engine.install]
+    if engine.build is not None:
+        build = engine.build
+        pins = (
+            f"{len(build.constraints)} locked pip pins" if build.constraints else "no lock: pip resolves anew"
+        )
+        lines += _wrap(
+            f"the image is built once per host from PR #{build.pull_request} at {build.commit[:10]} on "
+            f"{build.base} ({pins}): `specdeploy image build`, or --format dockerfile"
+        )
+    if plan.api_key_env is not None:
+        lines += _wrap(f"the server requires an API key, read from ${plan.api_key_env} at launch")
     lines += ["", "Models", *_models(plan), "", "Command", *_command_lines(plan), ""]
     lines.append("Why these settings")
     for reason in plan.reasons:
@@ -107,6 +122,7 @@ def render_text(plan: LaunchPlan) -> str:
         f"  specdeploy up {plan.recipe} --hardware {plan.hardware} --mode {plan.mode}"
         + (f" --budget {plan.budget}" if plan.budget is not None else "")
         + "   (preflight, download, launch, health, smoke test)",
-        "  or render this plan with --format sh | compose | k8s | json",
+        "  or render this plan with --format sh | compose | k8s | json"
+        + (" | dockerfile" if engine.build is not None else ""),
     ]
     return "\n".join(lines) + "\n"
