@@ -41,7 +41,7 @@ def run(command: list[str]) -> str:
         return ""
 
 
-def machine() -> dict:
+def machine(commit: str | None) -> dict:
     import transformers
     import triton
 
@@ -54,7 +54,7 @@ def machine() -> dict:
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "triton": triton.__version__,
-        "specdeploy_commit": run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
+        "specdeploy_commit": commit or run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
     }
 
 
@@ -127,14 +127,17 @@ def reference_step(out) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ddtree-repo", type=Path, help="checkout of liranringel/ddtree (omit: engine only)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ddtree-repo", type=Path, required=True, help="a checkout of liranringel/ddtree")
     parser.add_argument("--shape", default="qwen3-8b")
     parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/side_by_side"))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", help="the specdeploy commit measured (default: git rev-parse HEAD)")
     args = parser.parse_args()
     shape = get_shape(args.shape)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -144,7 +147,7 @@ def main() -> None:
         "schema": "specdeploy.side_by_side/1",
         "command": " ".join(sys.argv),
         "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
-        "machine": machine(),
+        "machine": machine(args.commit),
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "reference": {},
@@ -163,24 +166,24 @@ def main() -> None:
     block = shape.drafter["block_size"]
     target_dir, draft_dir = args.workdir / "target", args.workdir / "draft"
 
-    if args.ddtree_repo is not None:
-        dflash_generate, ddtree_generate = reference_generate(args.ddtree_repo)
+    dflash_generate, ddtree_generate = reference_generate(args.ddtree_repo)
     target, drafter = reference_models(shape, device)
-    if args.ddtree_repo is not None:
-        ids = torch.tensor([prompt], device=device)
-        common = dict(model=drafter, target=target, input_ids=ids, mask_token_id=mask_id, stop_token_ids=None)
-        dflash_generate(**common, max_new_tokens=16, block_size=1)  # warm-up
-        for mode, budget in modes:
-            started = time.perf_counter()
-            if mode == "ddtree":
-                out = ddtree_generate(**common, max_new_tokens=args.new_tokens, block_size=block, tree_budget=budget)
-            else:
-                size = 1 if mode == "ar" else block
-                out = dflash_generate(**common, max_new_tokens=args.new_tokens, block_size=size)
-            key = mode if budget is None else f"{mode}-{budget}"
-            result["reference"][key] = {**reference_step(out), "wall_s": time.perf_counter() - started}
-            print(f"reference {key}: {result['reference'][key]['ms_per_step']:.2f} ms/step", flush=True)
-            save()
+    ids = torch.tensor([prompt], device=device)
+    common = dict(model=drafter, target=target, input_ids=ids, mask_token_id=mask_id, stop_token_ids=None)
+
+    def reference_run(mode: str, budget: int | None, new_tokens: int):
+        if mode == "ddtree":
+            return ddtree_generate(**common, max_new_tokens=new_tokens, block_size=block, tree_budget=budget)
+        return dflash_generate(**common, max_new_tokens=new_tokens, block_size=1 if mode == "ar" else block)
+
+    for mode, budget in modes:
+        reference_run(mode, budget, 16)  # warm-up, as the engine gets one
+        started = time.perf_counter()
+        out = reference_run(mode, budget, args.new_tokens)
+        key = mode if budget is None else f"{mode}-{budget}"
+        result["reference"][key] = {**reference_step(out), "wall_s": time.perf_counter() - started}
+        print(f"reference {key}: {result['reference'][key]['ms_per_step']:.2f} ms/step", flush=True)
+        save()
     target.save_pretrained(target_dir)
     drafter.save_pretrained(draft_dir)
     del target, drafter
@@ -194,7 +197,9 @@ def main() -> None:
     result["roofline_ms"] = {k: 1e3 * v / result["copy_bandwidth_bytes_per_s"] for k, v in weights.items()}
     for mode, budget in modes:
         key = mode if budget is None else f"{mode}-{budget}"
-        profile = profile_decoding(ours, our_drafter if mode != "ar" else None, mode, budget, prompt, args.new_tokens)
+        profile = profile_decoding(
+            ours, our_drafter if mode != "ar" else None, mode, budget, prompt, args.new_tokens
+        )
         result["engine"][key] = profile.as_dict()
         print(f"engine {key}: {profile.ms_per_step:.2f} ms/step {profile.breakdown_ms}", flush=True)
         save()

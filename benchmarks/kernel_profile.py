@@ -73,7 +73,9 @@ def kernel_table(decoder: Decoder, prompt: list[int], steps: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="qwen3-8b")
     parser.add_argument("--modes", default="ar,ddtree-64")
     parser.add_argument("--prompt-tokens", type=int, default=512)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from decode_helpers import write_pair
@@ -106,3 +108,33 @@ def test_triton_tree_equals_the_torch_tree(budget):
     for name in ("tokens", "parents", "depths", "valid", "ancestors"):
         assert torch.equal(getattr(got, name).cpu(), getattr(reference, name)), name
         assert torch.equal(getattr(kernel, name).cpu(), getattr(reference, name)), name
+
+
+@pytest.mark.parametrize(
+    ("tokens", "window", "width", "value_width"),
+    [(1, 1024, 128, 128), (65, 1024, 128, 128), (257, 768, 128, 128), (17, 512, 576, 512)],
+)
+def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
+    from specdeploy.engine.forward_batch import ForwardBatch
+    from specdeploy.engine.models import layers
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    kv = 1 if width == 576 else 8
+    group = 16 if width == 576 else 4
+    q = torch.randn(1, kv, group, tokens, width, device="cuda", generator=gen).bfloat16()
+    k_cache = torch.randn(1, window + 64, kv, width, device="cuda", generator=gen).bfloat16()
+    v_cache = k_cache[..., :value_width] if width == 576 else torch.randn_like(k_cache)
+    visible = torch.rand(1, tokens, window, device="cuda", generator=gen) < 0.5
+    visible[:, :, 0] = True
+    keys, values = k_cache[:, :window], v_cache[:, :window]
+    batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(1, tokens, dtype=torch.long),
+                         visible, window + 64)  # fmt: skip
+    got = triton().masked_attention(q, keys, values, visible, width**-0.5)
+    ops._triton_kernels.cache_clear()
+    os.environ["SPECDEPLOY_TRITON"] = "0"
+    try:
+        want = layers.attend_folded(q, keys, values, batch, width**-0.5)  # SDPA with an additive mask
+    finally:
+        os.environ.pop("SPECDEPLOY_TRITON")
+        ops._triton_kernels.cache_clear()
+    close(got, want)

@@ -68,6 +68,22 @@ CHECKS = textwrap.dedent(
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)
         assert tree_from_batch(got).paths() == heap_best_first_tree(logprobs[0], budget).paths()
+    from specdeploy.engine.forward_batch import ForwardBatch
+    from specdeploy.engine.models.layers import attend_folded
+
+    # masked attention: GQA decode (split over the window), a tree verify, MLA's 48 = 32 + 16 key width
+    for b, kv, group, tokens, width, value_width, window, latent in (
+        (1, 2, 4, 1, 64, 64, 256, False), (2, 2, 2, 5, 32, 32, 128, False), (1, 1, 4, 3, 48, 32, 64, True),
+    ):
+        q = torch.randn(b, kv, group, tokens, width)
+        k_cache = torch.randn(b, window + 64, kv, width)
+        v_cache = k_cache[..., :value_width] if latent else torch.randn(b, window + 64, kv, value_width)
+        visible = torch.rand(b, tokens, window) < 0.6
+        visible[:, :, 0] = True
+        keys, values = k_cache[:, :window], v_cache[:, :window]
+        batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(b, tokens, dtype=torch.long),
+                             visible, window + 64)
+        close(tk.masked_attention(q, keys, values, visible, 0.1), attend_folded(q, keys, values, batch, 0.1))
     print("ok")
     """
 )

@@ -441,3 +441,163 @@ def best_first_tree(
         parents, ancestors, NODES=triton.next_power_of_2(size), SIZE=size, DEPTHS=depths, num_warps=1
     )
     return tokens, parents, tree_depths, valid.bool(), ancestors.bool()
+
+
+# -------------------------------------------------------------------------------------- attention
+
+
+@triton.jit
+def _masked_attention_kernel(
+    q_ptr,  # [B, Hkv, M, D_MAIN + D_EXTRA]: queries folded by key head, row = group * T + token
+    k_ptr,  # [B, C, Hkv, D_MAIN + D_EXTRA] key cache (slot-major)
+    v_ptr,  # [B, C, Hkv, >= DV] value cache; MLA's values are the keys' first DV channels
+    vis_ptr,  # [B|1, T, S] bool: who may see which slot
+    out_ptr,  # one split: [B, T, Hkv * G * DV] in the model dtype; several: [SPLITS, B, Hkv, M, DV] fp32
+    max_ptr,  # [SPLITS, B, Hkv, M] running max of each split (several splits only)
+    sum_ptr,  # [SPLITS, B, Hkv, M] softmax denominator of each split
+    k_batch, k_slot, k_head,
+    v_batch, v_slot, v_head,
+    vis_batch, vis_token,
+    tokens, rows, window, kv_heads, split_len, scale,
+    D_MAIN: tl.constexpr, D_EXTRA: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(0)
+    b = bh // kv_heads
+    h = bh % kv_heads
+    row = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
+    row_ok = row < rows
+    token = row % tokens
+    width: tl.constexpr = D_MAIN + D_EXTRA
+    dm = tl.arange(0, D_MAIN)
+    q_rows = q_ptr + (bh * rows + row)[:, None] * width
+    q = tl.load(q_rows + dm[None, :], mask=row_ok[:, None], other=0.0)
+    if D_EXTRA > 0:
+        de = tl.arange(0, D_EXTRA)
+        q_extra = tl.load(q_rows + D_MAIN + de[None, :], mask=row_ok[:, None], other=0.0)
+    dv = tl.arange(0, DV)
+    running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    start = split * split_len
+    end = tl.minimum(start + split_len, window)
+    for n0 in range(start, end, BLOCK_N):
+        col = n0 + tl.arange(0, BLOCK_N)
+        col_ok = col < end
+        keys = k_ptr + b * k_batch + col[:, None] * k_slot + h * k_head
+        k = tl.load(keys + dm[None, :], mask=col_ok[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k))
+        if D_EXTRA > 0:
+            k_extra = tl.load(keys + D_MAIN + de[None, :], mask=col_ok[:, None], other=0.0)
+            scores += tl.dot(q_extra, tl.trans(k_extra))
+        visible = tl.load(
+            vis_ptr + b * vis_batch + token[:, None] * vis_token + col[None, :],
+            mask=row_ok[:, None] & col_ok[None, :],
+            other=0,
+        )
+        scores = tl.where(visible != 0, scores * scale, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that saw nothing yet
+        p = tl.exp(scores - safe_max[:, None])
+        alpha = tl.exp(running_max - safe_max)
+        running_sum = running_sum * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + b * v_batch + col[:, None] * v_slot + h * v_head + dv[None, :],
+                    mask=col_ok[:, None], other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        running_max = new_max
+    if SINGLE:
+        group = rows // tokens
+        head = h * group + row // tokens
+        out = out_ptr + ((b * tokens + token) * kv_heads * group + head)[:, None] * DV + dv[None, :]
+        result = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]
+        tl.store(out, result.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        at = (split * tl.num_programs(0) + bh) * rows + row
+        tl.store(out_ptr + at[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None])
+        tl.store(max_ptr + at, running_max, mask=row_ok)
+        tl.store(sum_ptr + at, running_sum, mask=row_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_ptr, max_ptr, sum_ptr, out_ptr, heads_rows, rows, tokens, kv_heads, splits,
+    SPLITS: tl.constexpr, DV: tl.constexpr,
+):  # fmt: skip
+    index = tl.program_id(0)  # (batch * key head) * rows + row
+    bh = index // rows
+    row = index % rows
+    b = bh // kv_heads
+    h = bh % kv_heads
+    split = tl.arange(0, SPLITS)
+    used = split < splits
+    maxes = tl.load(max_ptr + split * heads_rows + index, mask=used, other=float("-inf"))
+    top = tl.max(maxes, axis=0)
+    weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - top))
+    total = tl.sum(weight * tl.load(sum_ptr + split * heads_rows + index, mask=used, other=0.0), axis=0)
+    dv = tl.arange(0, DV)
+    parts = tl.load(
+        part_ptr + (split * heads_rows + index)[:, None] * DV + dv[None, :], mask=used[:, None], other=0.0
+    )
+    result = tl.sum(parts * weight[:, None], axis=0) / total
+    group = rows // tokens
+    token = row % tokens
+    head = h * group + row // tokens
+    tl.store(
+        out_ptr + ((b * tokens + token) * kv_heads * group + head) * DV + dv,
+        result.to(out_ptr.dtype.element_ty),
+    )
+
+
+def masked_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of folded queries q [B, Hkv, G, T, D] over the cache window keys [B, S, Hkv, D] and values
+    [B, S, Hkv, Dv] where visible [B|1, T, S] allows -> [B, T, Hkv * G * Dv]. Long windows are split over
+    several programs (flash-decoding) so that one query still keeps the GPU busy."""
+    batch, kv_heads, group, tokens, width = q.shape
+    window, value_dim = keys.shape[1], values.shape[-1]
+    rows = group * tokens
+    main = 1 << (width.bit_length() - 1)  # MLA's 576 = 512 + 64: two power-of-two parts
+    extra = width - main
+    if extra & (extra - 1) or value_dim & (value_dim - 1):
+        raise ValueError(f"head dims {width}/{value_dim} are not a power of two or one plus a smaller one")
+    block_m = 16 if rows <= 16 else 64
+    block_n = 64 if width <= 256 else 32
+    tiles = triton.cdiv(rows, block_m)
+    programs = batch * kv_heads * tiles
+    splits = max(1, min(triton.cdiv(264, programs), triton.cdiv(window, block_n)))
+    split_len = triton.cdiv(triton.cdiv(window, splits), block_n) * block_n
+    splits = triton.cdiv(window, split_len)
+    q = q.reshape(batch, kv_heads, rows, width)
+    if q.stride(-1) != 1 or not q.is_contiguous():
+        q = q.contiguous()
+    out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
+    single = splits == 1
+    pow_splits = 1 << (splits - 1).bit_length()
+    if single:
+        parts = maxes = sums = out
+    else:
+        parts = torch.empty(splits, batch * kv_heads, rows, value_dim, device=q.device)
+        maxes = torch.empty(splits, batch * kv_heads, rows, device=q.device)
+        sums = torch.empty(splits, batch * kv_heads, rows, device=q.device)
+    vis_batch = visible.stride(0) if visible.shape[0] > 1 else 0
+    _masked_attention_kernel[(batch * kv_heads, tiles, splits)](
+        q, keys, values, visible, parts, maxes, sums,
+        keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2),
+        vis_batch, visible.stride(1),
+        tokens, rows, window, kv_heads, split_len, scale,
+        D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
+        num_warps=4,
+    )  # fmt: skip
+    if not single:
+        _combine_splits_kernel[(batch * kv_heads * rows,)](
+            parts, maxes, sums, out, batch * kv_heads * rows, rows, tokens, kv_heads, splits,
+            SPLITS=pow_splits, DV=value_dim, num_warps=4,
+        )  # fmt: skip
+    return out

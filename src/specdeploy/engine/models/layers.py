@@ -94,6 +94,9 @@ def attend_folded(
     Folding each key head's G query heads into the query axis ([B, Hkv, G*T, D]) instead of repeating keys
     and values serves MHA, GQA and MLA's single latent head with one call on every SDPA backend.
     """
+    kernels = ops.triton_kernels_for(q)
+    if kernels is not None:  # one launch that reads the boolean mask itself (flash-decoding splits)
+        return kernels.masked_attention(q, keys, values, batch.visible, scale)
     b, kv_heads, group, tokens, dim = q.shape
     value_dim = values.shape[-1]
     out = F.scaled_dot_product_attention(
