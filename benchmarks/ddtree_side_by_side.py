@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from specdeploy.engine.drafter import load_drafter  # noqa: E402
 from specdeploy.engine.loading import load_target  # noqa: E402
 from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
+from specdeploy.perf.random_models import random_pair  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
 
 
@@ -126,46 +127,12 @@ def reference_step(out) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--ddtree-repo", type=Path, required=True, help="a checkout of liranringel/ddtree")
-    parser.add_argument("--shape", default="qwen3-8b")
-    parser.add_argument("--budgets", default="16,64,256")
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/side_by_side"))
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--commit", help="the specdeploy commit measured (default: git rev-parse HEAD)")
-    args = parser.parse_args()
-    shape = get_shape(args.shape)
-    budgets = [int(b) for b in args.budgets.split(",")]
-    modes = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
+def run_reference(args, shape, modes, prompt, result: dict, save) -> None:
+    """Time the reference on random weights, then save them for this engine's loaders (--workdir)."""
     device = torch.device("cuda")
-    result = {
-        "schema": "specdeploy.side_by_side/1",
-        "command": " ".join(sys.argv),
-        "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
-        "machine": machine(args.commit),
-        "prompt_tokens": args.prompt_tokens,
-        "new_tokens": args.new_tokens,
-        "reference": {},
-        "engine": {},
-    }
-
-    def save() -> None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-
-    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
-    save()
-    torch.manual_seed(0)
-    prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
     mask_id = shape.drafter["dflash_config"]["mask_token_id"]
     block = shape.drafter["block_size"]
     target_dir, draft_dir = args.workdir / "target", args.workdir / "draft"
-
     dflash_generate, ddtree_generate = reference_generate(args.ddtree_repo)
     target, drafter = reference_models(shape, device)
     ids = torch.tensor([prompt], device=device)
@@ -190,8 +157,56 @@ def main() -> None:
     gc.collect()
     torch.cuda.empty_cache()
 
-    ours = load_target(target_dir, device, torch.bfloat16)
-    our_drafter = load_drafter(draft_dir, device, torch.bfloat16)
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ddtree-repo", type=Path, help="a checkout of liranringel/ddtree")
+    parser.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="no reference: this engine on random weights built in place",
+    )
+    parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/side_by_side"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", help="the specdeploy commit measured (default: git rev-parse HEAD)")
+    args = parser.parse_args()
+    if args.ddtree_repo is None and not args.engine_only:
+        parser.error("give --ddtree-repo PATH, or --engine-only")
+    shape = get_shape(args.shape)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    modes = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
+    device = torch.device("cuda")
+    result = {
+        "schema": "specdeploy.side_by_side/1",
+        "command": " ".join(sys.argv),
+        "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
+        "machine": machine(args.commit),
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "reference": {},
+        "engine": {},
+    }
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
+    save()
+    torch.manual_seed(0)
+    prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
+    if args.engine_only:
+        ours, our_drafter = random_pair(shape, device, torch.bfloat16)
+    else:
+        run_reference(args, shape, modes, prompt, result, save)
+        ours = load_target(args.workdir / "target", device, torch.bfloat16)
+        our_drafter = load_drafter(args.workdir / "draft", device, torch.bfloat16)
     weights = ar_weight_bytes(ours)
     result["ar_weight_bytes"] = weights
     result["roofline_ms"] = {k: 1e3 * v / result["copy_bandwidth_bytes_per_s"] for k, v in weights.items()}

@@ -447,6 +447,13 @@ def best_first_tree(
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _masked_attention_kernel(
     q_ptr,  # [B, Hkv, M, D_MAIN + D_EXTRA]: queries folded by key head, row = group * T + token
     k_ptr,  # [B, C, Hkv, D_MAIN + D_EXTRA] key cache (slot-major)
@@ -460,7 +467,7 @@ def _masked_attention_kernel(
     vis_batch, vis_token,
     tokens, rows, window, kv_heads, split_len, scale,
     D_MAIN: tl.constexpr, D_EXTRA: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0)
     b = bh // kv_heads
@@ -487,10 +494,10 @@ def _masked_attention_kernel(
         col_ok = col < end
         keys = k_ptr + b * k_batch + col[:, None] * k_slot + h * k_head
         k = tl.load(keys + dm[None, :], mask=col_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k))
+        scores = _dot(q, tl.trans(k), IEEE)
         if D_EXTRA > 0:
             k_extra = tl.load(keys + D_MAIN + de[None, :], mask=col_ok[:, None], other=0.0)
-            scores += tl.dot(q_extra, tl.trans(k_extra))
+            scores += _dot(q_extra, tl.trans(k_extra), IEEE)
         visible = tl.load(
             vis_ptr + b * vis_batch + token[:, None] * vis_token + col[None, :],
             mask=row_ok[:, None] & col_ok[None, :],
@@ -504,7 +511,7 @@ def _masked_attention_kernel(
         running_sum = running_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + b * v_batch + col[:, None] * v_slot + h * v_head + dv[None, :],
                     mask=col_ok[:, None], other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         running_max = new_max
     if SINGLE:
         group = rows // tokens
@@ -593,6 +600,7 @@ def masked_attention(
         vis_batch, visible.stride(1),
         tokens, rows, window, kv_heads, split_len, scale,
         D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
+        IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
         num_warps=4,
     )  # fmt: skip
     if not single:

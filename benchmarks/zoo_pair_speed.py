@@ -1,0 +1,101 @@
+"""A shipped zoo pair on a GPU: tokens/s and tau per mode on held-out prompts, modes taking turns.
+
+    python benchmarks/zoo_pair_speed.py --pair tiny-code --out result.json
+
+Real acceptance (trained pair, held-out prompts, greedy, 128 new tokens), so the speedup over AR is the one a
+user would see with this engine on this GPU, in bf16 with CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
+from specdeploy.engine.drafter import load_drafter  # noqa: E402
+from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.zoo.prompts import held_out_prompts  # noqa: E402
+from specdeploy.zoo.registry import get_pair  # noqa: E402
+from specdeploy.zoo.tokenizer import load_tokenizer  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pair", default="tiny-code")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--budgets", default="16,32")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    pair = get_pair(args.pair)
+    tokenizer = load_tokenizer(pair.target_dir)
+    texts, _ = held_out_prompts(tokenizer.encode, args.prompts)
+    prompts = [tokenizer.encode(text) for text in texts]
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    target = load_target(pair.target_dir, args.device, dtype)
+    drafter = load_drafter(pair.draft_dir, args.device, dtype)
+    modes = [("ar", None), ("dflash", None), *(("ddtree", int(b)) for b in args.budgets.split(","))]
+    decoders = {
+        mode if budget is None else f"{mode}-{budget}": Decoder(
+            target, drafter if mode != "ar" else None, mode, budget
+        )
+        for mode, budget in modes
+    }
+    params = SamplingParams(max_new_tokens=args.new_tokens)
+    for decoder in decoders.values():
+        decoder.generate(prompts[0], params)  # warm-up: kernels compile, graphs are captured
+    totals = {
+        key: {"tokens": 0, "seconds": 0.0, "accepted": 0, "steps": 0, "outputs": []} for key in decoders
+    }
+    for prompt in prompts:  # modes take turns prompt by prompt
+        for key, decoder in decoders.items():
+            started = time.perf_counter()
+            result = decoder.generate(prompt, params)
+            totals[key]["seconds"] += time.perf_counter() - started
+            totals[key]["tokens"] += len(result.token_ids)
+            totals[key]["accepted"] += sum(result.accept_lengths)
+            totals[key]["steps"] += result.num_steps
+            totals[key]["outputs"].append(result.token_ids)
+    ar = totals["ar"]
+    rows = {}
+    for key, total in totals.items():
+        rate = total["tokens"] / total["seconds"]
+        rows[key] = {
+            "tau": total["accepted"] / max(total["steps"], 1),
+            "tokens_per_s": rate,
+            "speedup_vs_ar": rate / (ar["tokens"] / ar["seconds"]),
+            "same_output_as_ar": sum(a == b for a, b in zip(total["outputs"], ar["outputs"], strict=True)),
+        }
+        print(f"{key:<10} tau {rows[key]['tau']:5.2f}  {rate:8.1f} tok/s  {rows[key]['speedup_vs_ar']:5.2f}x  "
+              f"same as ar {rows[key]['same_output_as_ar']}/{len(prompts)}")  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "schema": "specdeploy.zoo_pair_speed/1",
+                "command": " ".join(sys.argv),
+                "pair": args.pair,
+                "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+                "torch": torch.__version__,
+                "prompts": len(prompts),
+                "new_tokens": args.new_tokens,
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
