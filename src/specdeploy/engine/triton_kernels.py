@@ -447,13 +447,6 @@ def best_first_tree(
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@triton.jit
 def _masked_attention_kernel(
     q_ptr,  # [B, Hkv, M, D_MAIN + D_EXTRA]: queries folded by key head, row = group * T + token
     k_ptr,  # [B, C, Hkv, D_MAIN + D_EXTRA] key cache (slot-major)
@@ -494,10 +487,16 @@ def _masked_attention_kernel(
         col_ok = col < end
         keys = k_ptr + b * k_batch + col[:, None] * k_slot + h * k_head
         k = tl.load(keys + dm[None, :], mask=col_ok[:, None], other=0.0)
-        scores = _dot(q, tl.trans(k), IEEE)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
         if D_EXTRA > 0:
             k_extra = tl.load(keys + D_MAIN + de[None, :], mask=col_ok[:, None], other=0.0)
-            scores += _dot(q_extra, tl.trans(k_extra), IEEE)
+            if IEEE:
+                scores += tl.dot(q_extra, tl.trans(k_extra), input_precision="ieee")
+            else:
+                scores += tl.dot(q_extra, tl.trans(k_extra))
         visible = tl.load(
             vis_ptr + b * vis_batch + token[:, None] * vis_token + col[None, :],
             mask=row_ok[:, None] & col_ok[None, :],
@@ -511,7 +510,10 @@ def _masked_attention_kernel(
         running_sum = running_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + b * v_batch + col[:, None] * v_slot + h * v_head + dv[None, :],
                     mask=col_ok[:, None], other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         running_max = new_max
     if SINGLE:
         group = rows // tokens
@@ -556,6 +558,12 @@ def _combine_splits_kernel(
     )
 
 
+def masked_attention_fits(width: int, value_dim: int) -> bool:
+    """Head widths the kernel takes: matrix-unit tiles need 16+, and powers of two (or one plus a smaller one)."""
+    extra = width - (1 << (width.bit_length() - 1))
+    return width >= 16 and value_dim >= 16 and not extra & (extra - 1) and not value_dim & (value_dim - 1)
+
+
 def masked_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -571,10 +579,9 @@ def masked_attention(
     rows = group * tokens
     main = 1 << (width.bit_length() - 1)  # MLA's 576 = 512 + 64: two power-of-two parts
     extra = width - main
-    if extra & (extra - 1) or value_dim & (value_dim - 1):
-        raise ValueError(f"head dims {width}/{value_dim} are not a power of two or one plus a smaller one")
-    block_m = 16 if rows <= 16 else 64
-    block_n = 64 if width <= 256 else 32
+    wide = width > 256  # MLA's latent head: a 64-row query tile would not fit in registers and shared memory
+    block_m = 16 if rows <= 16 or wide else 64
+    block_n = 32 if wide else 64
     tiles = triton.cdiv(rows, block_m)
     programs = batch * kv_heads * tiles
     splits = max(1, min(triton.cdiv(264, programs), triton.cdiv(window, block_n)))
@@ -602,6 +609,7 @@ def masked_attention(
         D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
         num_warps=4,
+        num_stages=2 if wide else 3,
     )  # fmt: skip
     if not single:
         _combine_splits_kernel[(batch * kv_heads * rows,)](

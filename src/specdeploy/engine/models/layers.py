@@ -95,7 +95,8 @@ def attend_folded(
     and values serves MHA, GQA and MLA's single latent head with one call on every SDPA backend.
     """
     kernels = ops.triton_kernels_for(q)
-    if kernels is not None:  # one launch that reads the boolean mask itself (flash-decoding splits)
+    if kernels is not None and kernels.masked_attention_fits(q.shape[-1], values.shape[-1]):
+        # one launch that reads the boolean mask itself (flash-decoding splits)
         return kernels.masked_attention(q, keys, values, batch.visible, scale)
     b, kv_heads, group, tokens, dim = q.shape
     value_dim = values.shape[-1]
