@@ -169,7 +169,7 @@ def main() -> None:
         help="no reference: this engine on random weights built in place",
     )
     parser.add_argument("--shape", default="qwen3-8b")
-    parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--modes", default="ar,dflash,ddtree-16,ddtree-64,ddtree-256", help="ar must be one")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/side_by_side"))
@@ -179,8 +179,9 @@ def main() -> None:
     if args.ddtree_repo is None and not args.engine_only:
         parser.error("give --ddtree-repo PATH, or --engine-only")
     shape = get_shape(args.shape)
-    budgets = [int(b) for b in args.budgets.split(",")]
-    modes = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
+    modes = [
+        (m, int(b) if b else None) for m, _, b in (label.partition("-") for label in args.modes.split(","))
+    ]
     device = torch.device("cuda")
     result = {
         "schema": "specdeploy.side_by_side/1",
