@@ -297,7 +297,7 @@ def _best_first_tree_kernel(
     pair = tl.arange(0, PAIRS)
     pi = tl.load(pair_parent_ptr + pair, mask=pair < num_pairs, other=0)
     pj = tl.load(pair_rank_ptr + pair, mask=pair < num_pairs, other=0)
-    for depth in tl.static_range(1, DEPTHS):
+    for depth in range(1, DEPTHS):  # a loop, not unrolled: one sorting network to compile, not DEPTHS of them
         tl.debug_barrier()  # the previous depth's stores are visible to every thread
         available = tl.load(count_ptr + depth - 1)  # prefixes at the previous depth
         usable = (pair < num_pairs) & (pi < available) & (pj < WIDTH)
@@ -561,7 +561,8 @@ def _combine_splits_kernel(
 def masked_attention_fits(width: int, value_dim: int) -> bool:
     """Head widths the kernel takes: matrix-unit tiles need 16+, and powers of two (or one plus a smaller one)."""
     extra = width - (1 << (width.bit_length() - 1))
-    return width >= 16 and value_dim >= 16 and not extra & (extra - 1) and not value_dim & (value_dim - 1)
+    extra_fits = extra == 0 or (extra >= 16 and not extra & (extra - 1))
+    return width >= 16 and value_dim >= 16 and extra_fits and not value_dim & (value_dim - 1)
 
 
 def masked_attention(
