@@ -61,9 +61,9 @@ class PathOracleRunner(StepRunner):
         super().__init__(*args, **kwargs)
         self.truth, self.prompt_len_host = truth, prompt_len
 
-    def _build_tree(self) -> None:
-        super()._build_tree()
-        done = self.prefix_host - self.prompt_len_host + 1  # tokens committed so far, the root included
+    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
+        super()._build_tree(active, size, greedy)
+        done = self.running[0].prefix - self.prompt_len_host + 1  # tokens committed so far, the root included
         tokens, parents, depths = [], [], []
         parent = 0
         for depth, token in enumerate(self.truth[done : done + 6], start=1):
@@ -75,14 +75,14 @@ class PathOracleRunner(StepRunner):
             parents.append(len(tokens) - 2)
             depths.append(depth + 1)
             parent = len(tokens) - 1  # the true token's node
-        pad = self.tree_size - len(tokens)
+        pad = size - len(tokens)
         parents_row = torch.tensor([[0, *parents] + [0] * pad])
-        self.tree.copy_(
+        self._trees[size].tree.copy_(
             TreeBatch(
                 tokens=torch.tensor([[int(self.root), *tokens] + [0] * pad]),
                 parents=parents_row,
                 depths=torch.tensor([[0, *depths] + [0] * pad]),
-                valid=torch.arange(self.tree_size + 1)[None] <= len(tokens),
+                valid=torch.arange(size + 1)[None] <= len(tokens),
                 ancestors=ancestor_matrix(parents_row, self.depth_limit),
             )
         )

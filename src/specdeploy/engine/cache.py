@@ -82,16 +82,18 @@ class StaticCache:
         tensors, index = self._where[layer]
         return tuple(t[index] for t in tensors)
 
-    def write(
-        self, layer: int, flat_slots: torch.Tensor, window: int, *values: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        """Store `values` [batch, T, *entry] at `flat_slots` (row * capacity + slot, [batch * T]) and return
-        each tensor's first `window` slots [batch, window, *entry], new entries included."""
-        out = []
+    def store(self, layer: int, flat_slots: torch.Tensor, *values: torch.Tensor) -> None:
+        """Store `values` [B, T, *entry] at `flat_slots` (cache row * capacity + slot, [B * T])."""
         for buffer, value in zip(self.entry(layer), values, strict=True):
             buffer.view(-1, *buffer.shape[2:]).index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]))
-            out.append(buffer[:, :window])
-        return tuple(out)
+
+    def copy_row(self, source: int, dest: int) -> None:
+        """Make row `dest` a copy of row `source` (a sequence moving rows)."""
+        for tensors in self.groups:
+            for tensor in tensors:
+                tensor[:, dest] = tensor[:, source]
+        if self.positions is not None:
+            self.positions[dest] = self.positions[source]
 
     def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
         """Copy every layer's entries at slots `source` to slots `dest` (both [batch, P]); all reads come first,

@@ -1,7 +1,8 @@
 """The decoding loop: autoregressive, DFlash chains and DDTree trees through one step (`step.StepRunner`).
 
 A request prefills the target (and the drafter's context), yields the first token, then yields each
-step's committed tokens until a stop token or the length limit. Batch size is 1.
+step's committed tokens until a stop token or the length limit. One request at a time; `engine.batch`
+runs many.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Decoder:
         self.target, self.mode, self.budget = target, mode, budget
         self.drafter = drafter if mode != "ar" else None
         self.device = next(target.parameters()).device
-        self.runner = StepRunner(target, self.drafter, mode, budget, cuda_graphs)
+        self.runner = StepRunner(target, self.drafter, mode, budget, cuda_graphs=cuda_graphs)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
         steps: list[Step] = []
@@ -124,8 +125,12 @@ class Decoder:
             if params.greedy
             else UniformStream(params.max_new_tokens + runner.block + 2, params.seed, self.device)
         )
-        step = commit([runner.prefill(prompt_ids, params, uniforms)], 0)
-        yield step
-        while step.finish_reason is None:
-            step = commit(*runner.step())
+        step = commit([runner.admit(prompt_ids, params, uniforms)], 0)
+        try:
             yield step
+            while step.finish_reason is None:
+                ((tokens, verified),) = runner.step()
+                step = commit(tokens, verified)
+                yield step
+        finally:
+            runner.release(0)  # also when the consumer stops early

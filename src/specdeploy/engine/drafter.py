@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
-from specdeploy.engine.forward_batch import ForwardBatch
+from specdeploy.engine.forward_batch import ForwardBatch, flat_slots
 from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, load_checkpoint_state
 from specdeploy.engine.models.qwen3 import qk_norm_attention
 from specdeploy.engine.models.rope import Rope, RotaryEmbedding, rope_parameters
@@ -182,12 +182,6 @@ def read_drafter_spec(config: dict[str, Any]) -> DrafterSpec:
     )
 
 
-def flat_slots(slots: torch.Tensor, capacity: int) -> torch.Tensor:
-    """row * capacity + slot for slots [B, T], flattened: the index `StaticCache.write` takes."""
-    rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-    return (slots + rows * capacity).flatten()
-
-
 class DraftAttention(nn.Module):
     """Queries from the block; keys/values from the cached context (written by `write_context`) and the block."""
 
@@ -294,13 +288,18 @@ class DFlashDrafter(nn.Module):
         return StaticCache(entries, batch, capacity, weight.device, weight.dtype, with_positions=True)
 
     def write_context(
-        self, context: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cache: StaticCache
+        self,
+        context: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache: StaticCache,
+        row_start: int = 0,
     ) -> None:
         """Project target features `context` [B, C, K*H] of `positions` [B, C] and store every layer's keys and
-        values for them at `slots` [B, C]."""
+        values for them at `slots` [B, C] of cache rows row_start.."""
         projected = self.hidden_norm(self.fc(context))
         rope = self.rotary(positions, projected.dtype)
-        flat = flat_slots(slots, cache.capacity)
+        flat = flat_slots(slots, cache.capacity, row_start)
         cache.positions.view(-1).index_copy_(0, flat, positions.reshape(-1))
         for layer in self.layers:
             layer.mixer.write_context(projected, rope, flat, cache)
@@ -312,7 +311,7 @@ class DFlashDrafter(nn.Module):
             0, batch.flat_slots, batch.positions.expand_as(batch.slots).reshape(-1)
         )
         batch.rope = self.rotary(batch.positions, noise_embedding.dtype)
-        key_positions = cache.positions[:, : batch.window]
+        key_positions = batch.view(cache.positions)
         batches = {rule: self._rule_batch(rule, batch, key_positions) for rule in set(self.layer_rules)}
         x, residual = noise_embedding, None
         for layer, rule in zip(self.layers, self.layer_rules, strict=True):

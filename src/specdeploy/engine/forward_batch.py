@@ -21,6 +21,7 @@ class ForwardBatch:
     slots: torch.Tensor  # [B, T] cache slots the new tokens are written to
     visible: torch.Tensor  # [B|1, T, S] bool over cache slots 0..S-1 (True = may attend)
     capacity: int  # slots per row of the cache the slots index
+    row_start: int = 0  # batch row b is cache row row_start + b
     # For recurrent layers: visibility among the new tokens [B|1, T, T] and the committed length.
     new_visible: torch.Tensor | None = None
     committed: int | None = None
@@ -34,11 +35,14 @@ class ForwardBatch:
 
     @property
     def flat_slots(self) -> torch.Tensor:
-        """row * capacity + slot for every new token, [B * T]."""
+        """cache row * capacity + slot for every new token, [B * T]."""
         if self._flat_slots is None:
-            rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]
-            self._flat_slots = (self.slots + rows * self.capacity).flatten()
+            self._flat_slots = flat_slots(self.slots, self.capacity, self.row_start)
         return self._flat_slots
+
+    def view(self, entry: torch.Tensor) -> torch.Tensor:
+        """This batch's rows of a cache entry [rows, capacity, ...], over the attention window."""
+        return entry[self.row_start : self.row_start + self.slots.shape[0], : self.window]
 
     def attention_bias(self, group: int, dtype: torch.dtype) -> torch.Tensor:
         """[B|1, 1, group*T, S] additive mask (0 visible, -inf hidden) for queries folded as (head group, token)."""
@@ -49,6 +53,13 @@ class ForwardBatch:
             bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
             self._bias[key] = bias.masked_fill_(~visible, float("-inf"))
         return self._bias[key]
+
+
+def flat_slots(slots: torch.Tensor, capacity: int, row_start: int = 0) -> torch.Tensor:
+    """cache row * capacity + slot for slots [B, T] of cache rows row_start.., flattened: what
+    `StaticCache.store` indexes."""
+    rows = row_start + torch.arange(slots.shape[0], device=slots.device)[:, None]
+    return (slots + rows * capacity).flatten()
 
 
 def causal_visibility(new: int, cached: int, window: int, device: torch.device) -> torch.Tensor:
@@ -64,6 +75,7 @@ def append_batch(
     batch: int,
     mask: torch.Tensor | None = None,
     window_multiple: int = 64,
+    row_start: int = 0,
 ) -> ForwardBatch:
     """A batch whose T new tokens follow `cached` committed slots in every row; `mask` [B|1, T, cached + T]
     (None: causal) says what each may see. The window is the used slots rounded up, within the capacity."""
@@ -86,4 +98,5 @@ def append_batch(
         capacity=capacity,
         new_visible=new_visible,
         committed=cached,
+        row_start=row_start,
     )

@@ -37,18 +37,61 @@ class SamplingParams:
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution sampling draws from: softmax(logits / T), restricted to top-k, then to the top-p nucleus."""
-    scores = logits.float() / params.temperature
-    if 0 < params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
-        keep = sorted_probs.cumsum(dim=-1) - sorted_probs < params.top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    return row_sampling_probs(logits, RowSampling.of([params], logits.device), rows_first=False)
+
+
+@dataclass
+class RowSampling:
+    """Sampling settings of several rows as tensors [R], so one call serves rows with different settings."""
+
+    temperature: torch.Tensor  # float32; 1 where the row is greedy (its probabilities are then unused)
+    top_k: torch.Tensor  # int64; 0 = off
+    top_p: torch.Tensor  # float32
+    greedy: torch.Tensor  # bool
+
+    @staticmethod
+    def of(params: list[SamplingParams], device: torch.device | str) -> RowSampling:
+        return RowSampling(
+            temperature=torch.tensor([p.temperature or 1.0 for p in params], device=device),
+            top_k=torch.tensor([p.top_k for p in params], device=device),
+            top_p=torch.tensor([p.top_p for p in params], device=device),
+            greedy=torch.tensor([p.greedy for p in params], device=device),
+        )
+
+    def set_row(self, row: int, params: SamplingParams) -> None:
+        self.temperature[row] = params.temperature or 1.0
+        self.top_k[row] = params.top_k
+        self.top_p[row] = params.top_p
+        self.greedy[row] = params.greedy
+
+    def rows(self, count: int, start: int = 0) -> RowSampling:
+        """Rows start..start+count-1."""
+        end = start + count
+        return RowSampling(
+            self.temperature[start:end], self.top_k[start:end], self.top_p[start:end], self.greedy[start:end]
+        )
+
+
+def row_sampling_probs(logits: torch.Tensor, rows: RowSampling, rows_first: bool = True) -> torch.Tensor:
+    """`sampling_probs` for logits [R, ..., V] whose row r follows rows' settings r (rows_first), or for any
+    logits [..., V] under one row's settings."""
+    scores = logits.float()
+    shape = (-1,) + (1,) * (scores.dim() - 1) if rows_first else ()  # () views a one-row setting as a scalar
+    scores = scores / rows.temperature.view(shape)
+    if not (bool((rows.top_k > 0).any()) or bool((rows.top_p < 1).any())):
+        return torch.softmax(scores, dim=-1)
+    vocab = scores.shape[-1]
+    top_k, top_p = rows.top_k.view(shape), rows.top_p.view(shape)
+    sorted_scores, order = scores.sort(dim=-1, descending=True)
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    kth = sorted_scores.gather(-1, (k - 1).expand(*sorted_scores.shape[:-1], 1))
+    sorted_scores = sorted_scores.masked_fill(sorted_scores < kth, float("-inf"))
+    sorted_probs = torch.softmax(sorted_scores, dim=-1)
+    # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+    keep = sorted_probs.cumsum(dim=-1) - sorted_probs < top_p
+    kept = sorted_probs * keep
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(kept).scatter(-1, order, kept)
 
 
 def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,18 @@
-"""One decoding step over static buffers: draft, tree, verify, accept, commit.
+"""One decoding step over static buffers, for every running sequence at once: draft, tree, verify, accept, commit.
 
 Every mode is the same step. The drafter runs once over [root, MASK x (B-1)] (dflash, ddtree); the tree is
 empty (ar), the drafter's chain (dflash) or its best `budget` prefixes (ddtree); the target verifies
 [root + nodes] in one forward under the ancestor mask; the walk finds the accepted path and the bonus token;
-the commit moves the path's cache entries into place and hands its target features to the drafter. Each
-stage is fixed-shape device work with no host synchronisation, replayed as a CUDA graph on a GPU (per
-attention window size); the host reads the committed tokens once per step.
+the commit moves the path's cache entries into place and hands its target features to the drafter.
+
+Sequences live in rows of the static caches and buffers; rows 0..active-1 decode, and a finished row is
+refilled by the last one (so the running rows stay a prefix and every stage runs on views). Each stage is
+fixed-shape device work with no host synchronisation, replayed as a CUDA graph on a GPU (one graph per
+stage, running-row count, attention window and tree budget); the host reads the committed tokens once per
+step. Rows may sample with different settings: greedy rows take the argmax, sampling rows their own draws.
 
 Targets with recurrent layers read the tree on the host (their exact per-node states need it), so they run
-the same stages eagerly, with one more synchronisation to commit the accepted path's state.
+one row per runner, eagerly, with one more synchronisation to commit the accepted path's state.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from specdeploy.engine.cache import StaticCache, round_up
 from specdeploy.engine.forward_batch import ForwardBatch, append_batch
 from specdeploy.engine.graphs import StageGraphs
 from specdeploy.engine.sampling import (
+    RowSampling,
     SamplingParams,
     UniformStream,
     accept_sampled_chain,
+    row_sampling_probs,
     sample,
-    sampling_probs,
 )
 from specdeploy.engine.tree import Acceptance, TreeBatch, best_first_tree, chain_tree, walk
+from specdeploy.errors import SpecdeployError
 
 MODES = ("ar", "dflash", "ddtree")
 TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part of commit
@@ -51,6 +57,25 @@ class StageTimes:
         return {**stages, "host": host}
 
 
+@dataclass
+class TreeBuffers:
+    """What one tree size's stages hand each other, for every row."""
+
+    tree: TreeBatch
+    target_tokens: torch.Tensor  # [rows, N+1] the target's token after each index
+    features: torch.Tensor | None  # [rows, N+1, K*H] target features for the drafter
+    logits: torch.Tensor | None = None  # [rows, N+1, V] while some row samples
+
+
+@dataclass
+class Row:
+    """Host-side state of one running sequence."""
+
+    prefix: int  # committed positions in the cache: the root's position
+    prompt_len: int
+    params: SamplingParams
+
+
 class StepRunner:
     def __init__(
         self,
@@ -58,14 +83,19 @@ class StepRunner:
         drafter: torch.nn.Module | None,
         mode: str,
         budget: int | None,
+        rows: int = 1,
         cuda_graphs: bool = True,
     ) -> None:
+        if rows < 1:
+            raise SpecdeployError(f"a runner needs at least one row, got {rows}")
+        if target.has_recurrent_layers and rows > 1:
+            raise SpecdeployError("targets with recurrent layers run one sequence per runner")
         self.target, self.drafter, self.mode = target, drafter, mode
         weight = target.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
+        self.rows = rows
         self.block = drafter.block_size if drafter is not None else 1
         self.depth_limit = self.block - 1
-        self.tree_size = {"ar": 0, "dflash": self.block - 1, "ddtree": budget or 0}[mode]
         self.budget = budget
         self.feature_layers = list(drafter.target_layer_ids) if drafter is not None else []
         self.host_tree = target.has_recurrent_layers
@@ -74,47 +104,71 @@ class StepRunner:
         self.draft_cache: StaticCache | None = None
         self.timer: StageTimes | None = None
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        self.prefix_host = 0
-        self.params = SamplingParams()
-        self.uniforms: UniformStream | None = None
+        self.running: list[Row] = []
+        self._trees: dict[int, TreeBuffers] = {}
         self._allocate()
+
+    @property
+    def active(self) -> int:
+        return len(self.running)
+
+    def tree_size(self, budget: int | None = None) -> int:
+        """Draft nodes per step: none (ar), the block's chain (dflash), or the DDTree budget."""
+        if self.mode == "ar":
+            return 0
+        if self.mode == "dflash":
+            return self.block - 1
+        return budget if budget is not None else self.budget
 
     # ------------------------------------------------------------------------------------------ setup
 
     def _allocate(self) -> None:
-        b, n, depth = 1, self.tree_size, self.depth_limit
-        zeros = torch.zeros(b, dtype=torch.long, device=self.device)
+        rows, depth = self.rows, self.depth_limit
+        zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.prefix, self.root, self.prompt_len = zeros.clone(), zeros.clone(), zeros.clone()
-        self.tree = TreeBatch.empty(b, n, self.device)
-        self.target_tokens = torch.zeros(b, n + 1, dtype=torch.long, device=self.device)
         self.acceptance = Acceptance(
-            path=torch.zeros(b, depth + 1, dtype=torch.long, device=self.device),
+            path=torch.zeros(rows, depth + 1, dtype=torch.long, device=self.device),
             length=zeros.clone(),
             bonus=zeros.clone(),
         )
-        self.out = torch.zeros(b, depth + 2, dtype=torch.long, device=self.device)
-        self.tree_index = torch.arange(n + 1, device=self.device)
+        self.out = torch.zeros(rows, depth + 2, dtype=torch.long, device=self.device)
         self.path_index = torch.arange(depth + 1, device=self.device)
-        self.verify_logits: torch.Tensor | None = None  # allocated when a request samples
-        self.draft_probs: torch.Tensor | None = None
+        self.sampling = RowSampling.of([SamplingParams()] * rows, self.device)
+        self.uniforms = torch.zeros(rows, len(UniformStream.PURPOSES), 0, device=self.device)
         if self.drafter is not None:
             vocab = self.target.config.vocab_size
             width = len(self.feature_layers) * self.target.config.hidden_size
             self.block_index = torch.arange(self.block, device=self.device)
-            self.ctx = torch.zeros(b, self.block, width, dtype=self.dtype, device=self.device)
+            self.ctx = torch.zeros(rows, self.block, width, dtype=self.dtype, device=self.device)
             self.ctx_count = zeros.clone()
-            self.features = torch.zeros(b, n + 1, width, dtype=self.dtype, device=self.device)
-            self.draft_logits = torch.zeros(b, depth, vocab, dtype=torch.float32, device=self.device)
+            self.draft_logits = torch.zeros(rows, depth, vocab, dtype=torch.float32, device=self.device)
+            self.draft_probs: torch.Tensor | None = None
+
+    def _tree_buffers(self, size: int) -> TreeBuffers:
+        if size not in self._trees:
+            features = None
+            if self.drafter is not None:
+                width = self.ctx.shape[-1]
+                features = torch.zeros(self.rows, size + 1, width, dtype=self.dtype, device=self.device)
+            self._trees[size] = TreeBuffers(
+                tree=TreeBatch.empty(self.rows, size, self.device),
+                target_tokens=torch.zeros(self.rows, size + 1, dtype=torch.long, device=self.device),
+                features=features,
+            )
+        return self._trees[size]
 
     def reserve(self, positions: int) -> None:
-        """Make the caches hold `positions` committed positions plus one step's tree and drafter block."""
-        needed = positions + max(self.tree_size + 1, self.block) + 1  # +1: the scratch slot
+        """Make the caches hold `positions` committed positions per row, plus a step's tree and block."""
+        budget = self.tree_size()
+        needed = positions + max(budget + 1, self.block) + 1  # +1: the scratch slot
         if self.cache is not None and self.cache.capacity >= needed:
             return
+        if self.running:
+            raise SpecdeployError("cannot grow the caches while sequences run: reserve before admitting")
         capacity = round_up(needed, 256 if self.device.type == "cuda" else 64)
-        self.cache = self.target.new_cache(1, capacity)
+        self.cache = self.target.new_cache(self.rows, capacity)
         if self.drafter is not None:
-            self.draft_cache = self.drafter.new_cache(1, capacity)
+            self.draft_cache = self.drafter.new_cache(self.rows, capacity)
         self.slot_index = torch.arange(capacity, device=self.device)
         self.graphs.clear()  # graphs point at the old buffers
 
@@ -124,75 +178,125 @@ class StepRunner:
             return min(self.cache.capacity, max(256, 1 << (used - 1).bit_length()))
         return min(self.cache.capacity, round_up(used, 64))
 
-    # ----------------------------------------------------------------------------------------- prefill
+    # ------------------------------------------------------------------------------------ admission
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> int:
-        """Run the prompt through the target (and its features into the drafter); return the first token."""
-        self.params, self.uniforms = params, uniforms
+    def admit(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> int:
+        """Prefill a new sequence into the next free row and return its first token; it then decodes."""
+        if self.active == self.rows:
+            raise SpecdeployError(f"all {self.rows} rows are running")
+        row = self.active
         count = len(prompt_ids)
-        for cache in (self.cache, self.draft_cache):
-            if cache is not None:
-                cache.length = 0
-                cache.recurrent.clear()
-        if not params.greedy and self.verify_logits is None:
-            vocab = self.target.config.vocab_size
-            self.verify_logits = torch.zeros(
-                1, self.tree_size + 1, vocab, dtype=self.dtype, device=self.device
+        if count + 1 > self.cache.usable:
+            raise SpecdeployError(
+                f"a prompt of {count} tokens does not fit the cache ({self.cache.usable} slots)"
             )
-            if self.mode == "dflash":
-                self.draft_probs = torch.zeros(1, self.depth_limit, vocab, device=self.device)
+        if self.host_tree:
+            self.cache.recurrent.clear()
+        if not params.greedy:
+            self._prepare_sampling(uniforms)
+            self.uniforms[row, :, : uniforms.table.shape[1]] = uniforms.table
+        self.sampling.set_row(row, params)
         ids = torch.tensor([prompt_ids], device=self.device)
         positions = torch.arange(count, device=self.device)[None]
-        batch = append_batch(positions, 0, self.cache.capacity, 1)
+        batch = append_batch(positions, 0, self.cache.capacity, 1, row_start=row)
         hidden, features = self.target.run(ids, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden[:, -1])
         if params.greedy:
             first = logits.argmax(dim=-1)
         else:
-            first = sample(sampling_probs(logits, params), uniforms["target"][:1])
+            first = sample(row_sampling_probs(logits, self.sampling.rows(1, row)), self.uniforms[row, 0, :1])
         if self.drafter is not None:
-            self.drafter.write_context(features, positions, positions, self.draft_cache)
-            self.ctx_count.zero_()
-        self.prefix.fill_(count)
-        self.prompt_len.fill_(count)
-        self.root.copy_(first)
-        self.prefix_host = count
-        self.cache.length = count
+            self.drafter.write_context(features, positions, positions, self.draft_cache, row_start=row)
+            self.ctx_count[row] = 0
+        self.prefix[row] = count
+        self.prompt_len[row] = count
+        self.root[row] = first[0]
+        self.running.append(Row(prefix=count, prompt_len=count, params=params))
+        self.cache.length = max(self.cache.length, count)
         return int(first)
+
+    def _prepare_sampling(self, uniforms: UniformStream) -> None:
+        """Room for a sampling row: verify logits for every tree size, and uniforms as long as the request's."""
+        length = uniforms.table.shape[1]
+        if self.uniforms.shape[2] < length:
+            grown = torch.zeros(self.rows, self.uniforms.shape[1], length, device=self.device)
+            grown[:, :, : self.uniforms.shape[2]] = self.uniforms
+            self.uniforms = grown
+        vocab = self.target.config.vocab_size
+        for size in {self.tree_size(), *self._trees}:
+            buffers = self._tree_buffers(size)
+            if buffers.logits is None:
+                buffers.logits = torch.zeros(self.rows, size + 1, vocab, dtype=self.dtype, device=self.device)
+        if self.mode == "dflash" and self.draft_probs is None:
+            self.draft_probs = torch.zeros(self.rows, self.depth_limit, vocab, device=self.device)
+
+    def release(self, row: int) -> int | None:
+        """Free `row`; the last running row moves into it. Returns that row's old index (None if none moved)."""
+        last = self.active - 1
+        if not 0 <= row <= last:
+            raise SpecdeployError(f"row {row} is not running")
+        self.running[row] = self.running[last]
+        self.running.pop()
+        if row == last:
+            return None
+        for cache in (self.cache, self.draft_cache):
+            if cache is not None:
+                cache.copy_row(last, row)
+        tensors = [self.prefix, self.root, self.prompt_len, self.uniforms, self.out]
+        tensors += [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, self.sampling.greedy]
+        if self.drafter is not None:
+            tensors += [self.ctx, self.ctx_count]
+        for tensor in tensors:
+            tensor[row] = tensor[last]
+        return last
 
     # -------------------------------------------------------------------------------------------- step
 
     @torch.inference_mode()
-    def step(self) -> tuple[list[int], int]:
-        """One draft-verify step; returns the committed tokens (accepted, then the bonus) and tokens verified."""
+    def step(self, budget: int | None = None) -> list[tuple[list[int], int]]:
+        """One draft-verify step of every running row: (committed tokens, tokens verified) per row.
+
+        `budget` picks a DDTree tree size for this step (default: the runner's)."""
         started = time.perf_counter()
-        prefix = self.prefix_host
-        greedy = self.params.greedy
+        active = self.active
+        size = self.tree_size(budget)
+        self._tree_buffers(size)
+        prefixes = [row.prefix for row in self.running]
+        greedy = all(row.params.greedy for row in self.running)
         if self.drafter is not None:
-            draft_window = self.window(prefix + self.block)
-            self._timed("draft", ("draft", draft_window), lambda: self._draft(draft_window))
-        self._timed("tree", ("tree", greedy), self._build_tree, eager=not greedy and self.mode == "dflash")
-        verify_window = self.window(prefix + self.tree_size + 1)
-        self._timed("verify", ("verify", verify_window, greedy), lambda: self._verify(verify_window))
-        self._timed("commit", ("accept", greedy), self._accept, eager=not greedy)
-        self._timed("commit", ("commit",), self._commit, protect=self._commit_state(), neutral=self._neutral)
-        out = self.out[0].tolist()  # the step's one synchronisation
-        count = out[0]
-        if self.host_tree:
-            path = self.acceptance.path[0, :count].tolist()
-            kept = torch.tensor(list(range(prefix)) + [prefix + p for p in path])
-            for state in self.cache.recurrent.values():
-                state.keep(kept)
-        self.prefix_host += count
-        self.cache.length = self.prefix_host
+            draft_window = self.window(max(prefixes) + self.block)
+            self._timed("draft", ("draft", active, draft_window), lambda: self._draft(active, draft_window))
+        chain_sampling = not greedy and self.mode == "dflash"
+        self._timed("tree", ("tree", active, size), lambda: self._build_tree(active, size, greedy),
+                    eager=chain_sampling)  # fmt: skip
+        verify_window = self.window(max(prefixes) + size + 1)
+        self._timed("verify", ("verify", active, verify_window, size, greedy),
+                    lambda: self._verify(active, verify_window, size, greedy))  # fmt: skip
+        self._timed(
+            "commit", ("accept", active, size), lambda: self._accept(active, size, greedy), eager=not greedy
+        )
+        self._timed("commit", ("commit", active, size), lambda: self._commit(active, size),
+                    protect=self._commit_state(), neutral=self._neutral)  # fmt: skip
+        out = self.out[:active].tolist()  # the step's one synchronisation
+        results = []
+        for row, (state, line) in enumerate(zip(self.running, out, strict=True)):
+            count = line[0]
+            if self.host_tree:
+                path = self.acceptance.path[row, :count].tolist()
+                kept = torch.tensor(list(range(state.prefix)) + [state.prefix + p for p in path])
+                for recurrent in self.cache.recurrent.values():
+                    recurrent.keep(kept)
+            state.prefix += count
+            results.append((line[1 : 1 + count], size + 1))
+        self.cache.length = max(row.prefix for row in self.running)
         if self.timer is not None:
             for name, start, end in self._events:  # complete: the step has synchronised
                 self.timer.seconds[name] += start.elapsed_time(end) / 1e3
             self._events.clear()
             self.timer.wall += time.perf_counter() - started
             self.timer.steps += 1
-        return out[1 : 1 + count], self.tree_size + 1
+        return results
 
     def _timed(self, name: str, key, stage, eager: bool = False, protect=(), neutral=None) -> None:
         """Run a stage; with a timer, time it by device events read after the step's one synchronisation."""
@@ -218,95 +322,125 @@ class StepRunner:
 
     # ------------------------------------------------------------------------------------------ stages
 
-    def _uniforms(self, purpose: str, offsets: torch.Tensor) -> torch.Tensor:
-        """The request's uniforms at output positions prefix - prompt + offsets ([B, K] offsets)."""
-        base = (self.prefix - self.prompt_len)[:, None]
-        return self.uniforms[purpose][base + offsets]
+    def _uniforms(self, active: int, purpose: str, offsets: torch.Tensor) -> torch.Tensor:
+        """Each row's uniforms at output positions prefix - prompt + offsets ([active, K] offsets)."""
+        base = (self.prefix[:active] - self.prompt_len[:active])[:, None]
+        table = self.uniforms[:active, UniformStream.PURPOSES.index(purpose)]
+        return table.gather(1, (base + offsets).expand(active, -1))
 
-    def _draft(self, window: int) -> None:
+    def _draft(self, active: int, window: int) -> None:
         drafter, block = self.drafter, self.block_index
-        ctx_slots = (self.prefix - self.ctx_count)[:, None] + block
-        drafter.write_context(self.ctx, ctx_slots, ctx_slots, self.draft_cache)
-        slots = self.prefix[:, None] + block
-        ids = torch.where(block == 0, self.root[:, None], drafter.mask_token_id)
+        prefix = self.prefix[:active]
+        ctx_slots = (prefix - self.ctx_count[:active])[:, None] + block
+        drafter.write_context(self.ctx[:active], ctx_slots, ctx_slots, self.draft_cache)
+        slots = prefix[:, None] + block
+        ids = torch.where(block == 0, self.root[:active, None], drafter.mask_token_id)
         noise = self.target.embed_tokens(ids)
         if drafter.input_embedding_scale != 1.0:
             noise = noise * drafter.input_embedding_scale
-        visible = self.slot_index[:window] < (self.prefix + self.block)[:, None]
+        visible = self.slot_index[:window] < (prefix + self.block)[:, None]
         batch = ForwardBatch(slots, slots, visible[:, None].expand(-1, self.block, -1), self.cache.capacity)
         hidden = drafter.draft(noise, batch, self.draft_cache)
-        self.draft_logits.copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
+        self.draft_logits[:active].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
 
-    def _build_tree(self) -> None:
+    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
+        root = self.root[:active]
         if self.mode == "ar":
-            tree = chain_tree(self.root, self.root[:, None][:, :0])
+            tree = chain_tree(root, root[:, None][:, :0])
         elif self.mode == "ddtree":
-            logprobs = torch.log_softmax(self.draft_logits, dim=-1)
-            tree = best_first_tree(self.root, logprobs, self.tree_size)
-        elif self.params.greedy:
-            tree = chain_tree(self.root, self.draft_logits.argmax(dim=-1))
-        else:  # a sampled chain, accepted by rejection sampling
-            probs = sampling_probs(self.draft_logits, self.params)
-            self.draft_probs.copy_(probs)
-            tree = chain_tree(self.root, sample(probs, self._uniforms("draft", self.path_index[1:][None])))
-        self.tree.copy_(tree)
+            tree = best_first_tree(root, torch.log_softmax(self.draft_logits[:active], dim=-1), size)
+        elif greedy:
+            tree = chain_tree(root, self.draft_logits[:active].argmax(dim=-1))
+        else:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)
+            probs = row_sampling_probs(self.draft_logits[:active], self.sampling.rows(active))
+            self.draft_probs[:active].copy_(probs)
+            drawn = sample(probs, self._uniforms(active, "draft", self.path_index[1:][None]))
+            argmax = self.draft_logits[:active].argmax(dim=-1)
+            tree = chain_tree(root, torch.where(self.sampling.greedy[:active, None], argmax, drawn))
+        buffers = self._trees[size]
+        for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+            getattr(buffers.tree, name)[:active].copy_(getattr(tree, name))
 
-    def _verify(self, window: int) -> None:
-        tree, size = self.tree, self.tree_size
-        positions = self.prefix[:, None] + tree.depths
-        slots = self.prefix[:, None] + self.tree_index
-        column = (self.slot_index[:window][None, :] - self.prefix[:, None])[:, None, :]
+    def _verify(self, active: int, window: int, size: int, greedy: bool) -> None:
+        buffers = self._trees[size]
+        tree = TreeBatch(
+            *(
+                getattr(buffers.tree, n)[:active]
+                for n in ("tokens", "parents", "depths", "valid", "ancestors")
+            )
+        )
+        prefix = self.prefix[:active]
+        positions = prefix[:, None] + tree.depths
+        slots = prefix[:, None] + torch.arange(size + 1, device=self.device)
+        column = (self.slot_index[:window][None, :] - prefix[:, None])[:, None, :]
         in_tree = tree.ancestors.gather(2, column.clamp(0, size).expand(-1, size + 1, -1))
         visible = (column < 0) | (in_tree & (column <= size))
         batch = ForwardBatch(positions, slots, visible, self.cache.capacity)
         if self.host_tree:
-            batch.new_visible, batch.committed = tree.ancestors, self.prefix_host
+            batch.new_visible, batch.committed = tree.ancestors, self.running[0].prefix
         hidden, features = self.target.run(tree.tokens, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden)
-        if self.params.greedy:
-            self.target_tokens.copy_(logits.argmax(dim=-1))
-        else:
-            self.verify_logits.copy_(logits)
+        buffers.target_tokens[:active].copy_(logits.argmax(dim=-1))
+        if not greedy:
+            buffers.logits[:active].copy_(logits)
         if features is not None:
-            self.features.copy_(features)
+            buffers.features[:active].copy_(features)
 
-    def _accept(self) -> None:
-        if self.params.greedy:
-            acceptance = walk(self.tree, self.target_tokens, self.depth_limit)
-        elif self.mode == "dflash":
-            acceptance = accept_sampled_chain(
-                self.tree,
-                self.draft_probs,
-                sampling_probs(self.verify_logits, self.params),
-                self._uniforms("accept", self.path_index[1:][None]),
-                self._uniforms("target", self.path_index[None] + 1),
+    def _accept(self, active: int, size: int, greedy: bool) -> None:
+        buffers = self._trees[size]
+        tree = TreeBatch(
+            *(
+                getattr(buffers.tree, n)[:active]
+                for n in ("tokens", "parents", "depths", "valid", "ancestors")
             )
-        else:  # the target's own sample at every node, drawn with its position's uniform
-            probs = sampling_probs(self.verify_logits, self.params)
-            samples = sample(probs, self._uniforms("target", self.tree.depths + 1))
-            acceptance = walk(self.tree, samples, self.depth_limit)
-        self.acceptance.path.copy_(acceptance.path)
-        self.acceptance.length.copy_(acceptance.length)
-        self.acceptance.bonus.copy_(acceptance.bonus)
+        )
+        argmax = buffers.target_tokens[:active]
+        if greedy:
+            acceptance = walk(tree, argmax, self.depth_limit)
+        else:
+            rows = self.sampling.rows(active)
+            probs = row_sampling_probs(buffers.logits[:active], rows)
+            if self.mode == "dflash":  # rejection sampling on sampled chains; greedy rows walk the argmax
+                sampled = accept_sampled_chain(
+                    tree,
+                    self.draft_probs[:active],
+                    probs,
+                    self._uniforms(active, "accept", self.path_index[1:][None]),
+                    self._uniforms(active, "target", self.path_index[None] + 1),
+                )
+                exact = walk(tree, argmax, self.depth_limit)
+                acceptance = Acceptance(
+                    *(torch.where(rows.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
+                      for a, b in zip((exact.path, exact.length, exact.bonus),
+                                      (sampled.path, sampled.length, sampled.bonus), strict=True))
+                )  # fmt: skip
+            else:  # the target's own sample at every node, drawn with its position's uniform
+                samples = sample(probs, self._uniforms(active, "target", tree.depths + 1))
+                acceptance = walk(tree, torch.where(rows.greedy[:, None], argmax, samples), self.depth_limit)
+        self.acceptance.path[:active].copy_(acceptance.path)
+        self.acceptance.length[:active].copy_(acceptance.length)
+        self.acceptance.bonus[:active].copy_(acceptance.bonus)
 
-    def _commit(self) -> None:
-        acceptance = self.acceptance
+    def _commit(self, active: int, size: int) -> None:
+        path, length = self.acceptance.path[:active], self.acceptance.length[:active]
+        bonus, prefix = self.acceptance.bonus[:active], self.prefix[:active]
+        buffers = self._trees[size]
         if self.mode == "ddtree":  # chains are verified in place: nothing to move
-            kept = self.path_index < acceptance.length[:, None]
+            kept = self.path_index < length[:, None]
             scratch = self.cache.scratch_slot
-            source = torch.where(kept, self.prefix[:, None] + acceptance.path, scratch)
-            dest = torch.where(kept, self.prefix[:, None] + self.path_index, scratch)
+            source = torch.where(kept, prefix[:, None] + path, scratch)
+            dest = torch.where(kept, prefix[:, None] + self.path_index, scratch)
             self.cache.move(source, dest)
         if self.drafter is not None:
-            width = self.features.shape[-1]
-            self.ctx.copy_(self.features.gather(1, acceptance.path[..., None].expand(-1, -1, width)))
-            self.ctx_count.copy_(acceptance.length)
-        tokens = self.tree.tokens.gather(1, acceptance.path)
-        out = torch.cat([acceptance.length[:, None], tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-        out.scatter_(1, acceptance.length[:, None], acceptance.bonus[:, None])
-        self.out.copy_(out)
-        self.prefix += acceptance.length
-        self.root.copy_(acceptance.bonus)
+            features = buffers.features[:active]
+            self.ctx[:active].copy_(features.gather(1, path[..., None].expand(-1, -1, features.shape[-1])))
+            self.ctx_count[:active].copy_(length)
+        tokens = buffers.tree.tokens[:active].gather(1, path)
+        out = torch.cat([length[:, None], tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+        out.scatter_(1, length[:, None], bonus[:, None])
+        self.out[:active].copy_(out)
+        prefix += length
+        self.root[:active].copy_(bonus)
 
     def _commit_state(self) -> list[torch.Tensor]:
         state = [self.prefix, self.root, self.out, self.acceptance.path, self.acceptance.length]

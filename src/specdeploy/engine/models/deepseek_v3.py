@@ -93,7 +93,8 @@ class MultiLatentAttention(nn.Module):
         q_rot = apply_rope(q_rot, batch.rope, self.interleaved)
         k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
         entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
-        (keys,) = cache.write(self.layer_idx, batch.flat_slots, batch.window, entry)
+        cache.store(self.layer_idx, batch.flat_slots, entry)
+        keys = batch.view(cache.entry(self.layer_idx)[0])
 
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]

@@ -56,7 +56,7 @@ def qk_norm_attention(
         k_cache,
         v_cache,
     )
-    keys, values = (t[:, : batch.window] for t in cache.entry(module.layer_idx))
+    keys, values = (batch.view(t) for t in cache.entry(module.layer_idx))
     return attend_folded(folded, keys, values, batch, module.head_dim**-0.5)
 
 
