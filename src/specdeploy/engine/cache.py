@@ -87,18 +87,19 @@ class StaticCache:
         for buffer, value in zip(self.entry(layer), values, strict=True):
             buffer.view(-1, *buffer.shape[2:]).index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]))
 
-    def copy_row(self, source: int, dest: int) -> None:
-        """Make row `dest` a copy of row `source` (a sequence moving rows)."""
+    def copy_row(self, source: int, dest: int, length: int) -> None:
+        """Copy row `source`'s first `length` slots to row `dest` (a sequence moving rows)."""
         for tensors in self.groups:
             for tensor in tensors:
-                tensor[:, dest] = tensor[:, source]
+                tensor[:, dest, :length] = tensor[:, source, :length]
         if self.positions is not None:
-            self.positions[dest] = self.positions[source]
+            self.positions[dest, :length] = self.positions[source, :length]
 
     def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
-        """Copy every layer's entries at slots `source` to slots `dest` (both [batch, P]); all reads come first,
-        so the two may overlap. Pad both with `scratch_slot` where a row has fewer entries to move."""
-        rows = torch.arange(self.batch, device=source.device)[:, None] * self.capacity
+        """Copy every layer's entries at slots `source` to slots `dest` (both [rows, P], for rows 0..rows-1);
+        all reads come first, so the two may overlap. Pad both with `scratch_slot` where a row has fewer
+        entries to move."""
+        rows = torch.arange(source.shape[0], device=source.device)[:, None] * self.capacity
         source, dest = (source + rows).flatten(), (dest + rows).flatten()
         for tensors in self.groups:
             for tensor in tensors:

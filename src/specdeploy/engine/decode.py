@@ -50,6 +50,25 @@ class GenerationResult:
         return len(self.token_ids) / total if total > 0 else 0.0
 
 
+class StopRules:
+    """Cuts a request's committed tokens at its first stop token (EOS unless ignored) or its length limit."""
+
+    def __init__(self, params: SamplingParams, eos_token_ids: list[int]) -> None:
+        self.stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self.stop_ids |= set(eos_token_ids)
+        self.remaining = params.max_new_tokens
+
+    def commit(self, tokens: list[int], verified: int) -> Step:
+        for i, token in enumerate(tokens):
+            if token in self.stop_ids:
+                self.remaining = 0
+                return Step(tokens[: i + 1], verified, "stop")
+        tokens = tokens[: self.remaining]
+        self.remaining -= len(tokens)
+        return Step(tokens, verified, "length" if self.remaining == 0 else None)
+
+
 def check_mode(mode: str, has_drafter: bool, budget: int | None) -> None:
     """The one check of a (mode, drafter, budget) combination, for every entry point."""
     if mode not in MODES:
@@ -103,21 +122,7 @@ class Decoder:
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
         if not prompt_ids:
             raise SpecdeployError("the prompt is empty: give at least one token")
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= set(self.target.config.eos_token_ids)
-        remaining = params.max_new_tokens
-
-        def commit(tokens: list[int], verified: int) -> Step:
-            nonlocal remaining
-            for i, token in enumerate(tokens):
-                if token in stop_ids:
-                    remaining = 0
-                    return Step(tokens[: i + 1], verified, "stop")
-            tokens = tokens[:remaining]
-            remaining -= len(tokens)
-            return Step(tokens, verified, "length" if remaining == 0 else None)
-
+        rules = StopRules(params, self.target.config.eos_token_ids)
         runner = self.runner
         runner.reserve(len(prompt_ids) + params.max_new_tokens)
         uniforms = (
@@ -125,12 +130,12 @@ class Decoder:
             if params.greedy
             else UniformStream(params.max_new_tokens + runner.block + 2, params.seed, self.device)
         )
-        step = commit([runner.admit(prompt_ids, params, uniforms)], 0)
+        step = rules.commit([runner.admit(prompt_ids, params, uniforms)], 0)
         try:
             yield step
             while step.finish_reason is None:
                 ((tokens, verified),) = runner.step()
-                step = commit(tokens, verified)
+                step = rules.commit(tokens, verified)
                 yield step
         finally:
             runner.release(0)  # also when the consumer stops early

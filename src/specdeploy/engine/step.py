@@ -68,6 +68,15 @@ class TreeBuffers:
 
 
 @dataclass
+class Pending:
+    """A sequence being prefilled."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    done: int = 0  # prompt tokens already in the cache
+
+
+@dataclass
 class Row:
     """Host-side state of one running sequence."""
 
@@ -105,6 +114,7 @@ class StepRunner:
         self.timer: StageTimes | None = None
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self.running: list[Row] = []
+        self._pending: Pending | None = None
         self._trees: dict[int, TreeBuffers] = {}
         self._allocate()
 
@@ -163,7 +173,7 @@ class StepRunner:
         needed = positions + max(budget + 1, self.block) + 1  # +1: the scratch slot
         if self.cache is not None and self.cache.capacity >= needed:
             return
-        if self.running:
+        if self.running or self._pending is not None:
             raise SpecdeployError("cannot grow the caches while sequences run: reserve before admitting")
         capacity = round_up(needed, 256 if self.device.type == "cuda" else 64)
         self.cache = self.target.new_cache(self.rows, capacity)
@@ -180,40 +190,73 @@ class StepRunner:
 
     # ------------------------------------------------------------------------------------ admission
 
-    @torch.inference_mode()
+    @property
+    def prefill_remaining(self) -> int:
+        """Prompt tokens of the sequence being prefilled not yet in the cache (0 when none is)."""
+        pending = self._pending
+        return 0 if pending is None else len(pending.prompt_ids) - pending.done
+
+    def abandon(self) -> None:
+        """Drop the sequence being prefilled (its row stays free)."""
+        self._pending = None
+
     def admit(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> int:
-        """Prefill a new sequence into the next free row and return its first token; it then decodes."""
+        """Prefill a new sequence whole and return its first token; it then decodes."""
+        self.begin(prompt_ids, params, uniforms)
+        first = self.prefill(len(prompt_ids))
+        assert first is not None
+        return first
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> None:
+        """Start prefilling a new sequence (in chunks, `prefill`) in the spare row, the last one."""
+        if self._pending is not None:
+            raise SpecdeployError("a sequence is already being prefilled")
         if self.active == self.rows:
             raise SpecdeployError(f"all {self.rows} rows are running")
-        row = self.active
         count = len(prompt_ids)
         if count + 1 > self.cache.usable:
             raise SpecdeployError(
                 f"a prompt of {count} tokens does not fit the cache ({self.cache.usable} slots)"
             )
+        row = self.rows - 1
         if self.host_tree:
             self.cache.recurrent.clear()
         if not params.greedy:
             self._prepare_sampling(uniforms)
             self.uniforms[row, :, : uniforms.table.shape[1]] = uniforms.table
         self.sampling.set_row(row, params)
-        ids = torch.tensor([prompt_ids], device=self.device)
-        positions = torch.arange(count, device=self.device)[None]
-        batch = append_batch(positions, 0, self.cache.capacity, 1, row_start=row)
+        self._pending = Pending(list(prompt_ids), params)
+
+    @torch.inference_mode()
+    def prefill(self, max_tokens: int) -> int | None:
+        """Run up to `max_tokens` more prompt tokens of the sequence being prefilled; once the prompt is done,
+        return its first token (the sequence then decodes in the next free row), else None."""
+        pending, row = self._pending, self.rows - 1
+        done = pending.done
+        chunk = pending.prompt_ids[done : done + max(1, max_tokens)]
+        ids = torch.tensor([chunk], device=self.device)
+        positions = torch.arange(done, done + len(chunk), device=self.device)[None]
+        batch = append_batch(positions, done, self.cache.capacity, 1, row_start=row)
         hidden, features = self.target.run(ids, batch, self.cache, self.feature_layers)
+        if self.drafter is not None:
+            self.drafter.write_context(features, positions, positions, self.draft_cache, row_start=row)
+        pending.done += len(chunk)
+        count = len(pending.prompt_ids)
+        if pending.done < count:
+            return None
         logits = self.target.lm_head(hidden[:, -1])
-        if params.greedy:
+        if pending.params.greedy:
             first = logits.argmax(dim=-1)
         else:
             first = sample(row_sampling_probs(logits, self.sampling.rows(1, row)), self.uniforms[row, 0, :1])
-        if self.drafter is not None:
-            self.drafter.write_context(features, positions, positions, self.draft_cache, row_start=row)
-            self.ctx_count[row] = 0
         self.prefix[row] = count
         self.prompt_len[row] = count
         self.root[row] = first[0]
-        self.running.append(Row(prefix=count, prompt_len=count, params=params))
-        self.cache.length = max(self.cache.length, count)
+        if self.drafter is not None:
+            self.ctx_count[row] = 0
+        self._pending = None
+        self._move_row(row, self.active, count)
+        self.running.append(Row(prefix=count, prompt_len=count, params=pending.params))
         return int(first)
 
     def _prepare_sampling(self, uniforms: UniformStream) -> None:
@@ -236,20 +279,27 @@ class StepRunner:
         last = self.active - 1
         if not 0 <= row <= last:
             raise SpecdeployError(f"row {row} is not running")
-        self.running[row] = self.running[last]
+        moved = self.running[last]
+        self.running[row] = moved
         self.running.pop()
         if row == last:
             return None
+        self._move_row(last, row, moved.prefix)
+        return last
+
+    def _move_row(self, source: int, dest: int, length: int) -> None:
+        """Copy a sequence's cache entries (its first `length` slots) and per-row state to another row."""
+        if source == dest:
+            return
         for cache in (self.cache, self.draft_cache):
             if cache is not None:
-                cache.copy_row(last, row)
+                cache.copy_row(source, dest, length)
         tensors = [self.prefix, self.root, self.prompt_len, self.uniforms, self.out]
         tensors += [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, self.sampling.greedy]
         if self.drafter is not None:
             tensors += [self.ctx, self.ctx_count]
         for tensor in tensors:
-            tensor[row] = tensor[last]
-        return last
+            tensor[dest] = tensor[source]
 
     # -------------------------------------------------------------------------------------------- step
 
@@ -289,7 +339,6 @@ class StepRunner:
                     recurrent.keep(kept)
             state.prefix += count
             results.append((line[1 : 1 + count], size + 1))
-        self.cache.length = max(row.prefix for row in self.running)
         if self.timer is not None:
             for name, start, end in self._events:  # complete: the step has synchronised
                 self.timer.seconds[name] += start.elapsed_time(end) / 1e3
@@ -326,7 +375,9 @@ class StepRunner:
         """Each row's uniforms at output positions prefix - prompt + offsets ([active, K] offsets)."""
         base = (self.prefix[:active] - self.prompt_len[:active])[:, None]
         table = self.uniforms[:active, UniformStream.PURPOSES.index(purpose)]
-        return table.gather(1, (base + offsets).expand(active, -1))
+        # greedy rows have no uniforms of their own (their draws are discarded): keep their index in range
+        index = (base + offsets).expand(active, -1).clamp(max=table.shape[1] - 1)
+        return table.gather(1, index)
 
     def _draft(self, active: int, window: int) -> None:
         drafter, block = self.drafter, self.block_index

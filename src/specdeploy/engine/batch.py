@@ -1,0 +1,202 @@
+"""Continuous batching with speculation: requests join and leave between steps; one step serves them all.
+
+Design. Each iteration does two things, as SGLang's chunked prefill does:
+1. Prefill: waiting requests are admitted in arrival order while a row is free, and their prompts run
+   through the target in chunks of at most `prefill_tokens` tokens per iteration (a long prompt spans
+   several iterations), so a long prompt never stalls the running requests for long.
+2. Decode: one batched step for every running request (one drafter pass over all their blocks, one tree
+   per request, one target forward over all their trees); each request then commits its own path.
+Requests that finish (stop token, length, cancellation) leave between iterations. A target with recurrent
+layers runs one runner per request (its exact per-node states are read on the host), stepped in turn.
+With an adaptive budget (`BudgetPolicy`), every iteration picks the DDTree budget for the batch from the
+number of running requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdeploy.engine.decode import Step, StopRules
+from specdeploy.engine.sampling import SamplingParams, UniformStream
+from specdeploy.engine.step import StepRunner
+from specdeploy.errors import SpecdeployError
+
+DEFAULT_PREFILL_TOKENS = 2048  # prompt tokens per iteration; one chunk of this size costs about one step
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    id: int = 0
+    rules: StopRules | None = None
+    runner: StepRunner | None = None
+    budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step
+    finished: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class Event:
+    """A request's step: its first token (after its prefill) or one verify step's committed tokens."""
+
+    request: Request
+    step: Step
+
+
+class BatchEngine:
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: torch.nn.Module | None,
+        mode: str,
+        budget: int | None,
+        max_running: int,
+        max_context: int,
+        cuda_graphs: bool = True,
+        prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
+        choose_budget: Callable[[int], int] | None = None,
+    ) -> None:
+        """`max_context`: positions (prompt + new tokens) a request may reach; `choose_budget(running)`
+        picks each iteration's DDTree budget (default: always `budget`)."""
+        if max_running < 1:
+            raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
+        self.target, self.drafter, self.mode, self.budget = target, drafter, mode, budget
+        self.max_running, self.max_context = max_running, max_context
+        self.prefill_tokens = prefill_tokens
+        self.choose_budget = choose_budget
+        self.device = target.embed_tokens.weight.device
+        self._ids = itertools.count(1)
+        self.waiting: deque[Request] = deque()
+        self.prefilling: Request | None = None
+        self.running: list[Request] = []  # attention targets: the request in each row of the shared runner
+        self.per_request = target.has_recurrent_layers
+        make = lambda rows: StepRunner(target, drafter, mode, budget, rows=rows, cuda_graphs=cuda_graphs)  # noqa: E731
+        self._make_runner = make
+        self.shared = None if self.per_request else make(max_running)
+        if self.shared is not None:
+            self.shared.reserve(max_context)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + (self.prefilling is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.running)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        if not prompt_ids:
+            raise SpecdeployError("the prompt is empty: give at least one token")
+        if len(prompt_ids) + params.max_new_tokens > self.max_context:
+            raise SpecdeployError(
+                f"{len(prompt_ids)} prompt + {params.max_new_tokens} new tokens exceed the engine's context "
+                f"of {self.max_context} positions"
+            )
+        request = Request(list(prompt_ids), params, id=next(self._ids))
+        request.rules = StopRules(params, self.target.config.eos_token_ids)
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop a request; it leaves at the next iteration (its row is freed then)."""
+        request.cancelled = True
+
+    def iterate(self) -> list[Event]:
+        """Admit and prefill within this iteration's token budget, then one step of every running request."""
+        self._drop_cancelled()
+        events = self._prefill()
+        if self.running:
+            budget = self.choose_budget(len(self.running)) if self.choose_budget is not None else None
+            events += self._step(budget)
+        self._drop_finished()
+        return events
+
+    # --------------------------------------------------------------------------------------- prefill
+
+    def _prefill(self) -> list[Event]:
+        events = []
+        spent = 0
+        while spent < self.prefill_tokens:
+            if self.prefilling is None:
+                if not self.waiting or len(self.running) >= self.max_running:
+                    break
+                self._begin(self.waiting.popleft())
+            request = self.prefilling
+            runner = request.runner
+            chunk = min(self.prefill_tokens - spent, runner.prefill_remaining)
+            first = runner.prefill(chunk)
+            spent += chunk
+            if first is None:
+                break
+            self.prefilling = None
+            self.running.append(request)
+            events.append(self._event(request, [first], 0))
+        return events
+
+    def _begin(self, request: Request) -> None:
+        runner = self._make_runner(1) if self.per_request else self.shared
+        if self.per_request:
+            runner.reserve(self.max_context)
+        params = request.params
+        uniforms = None
+        if not params.greedy:
+            uniforms = UniformStream(params.max_new_tokens + runner.block + 2, params.seed, self.device)
+        runner.begin(request.prompt_ids, params, uniforms)
+        request.runner = runner
+        self.prefilling = request
+
+    # ---------------------------------------------------------------------------------------- decode
+
+    def _step(self, budget: int | None) -> list[Event]:
+        events = []
+        if self.per_request:
+            results = [request.runner.step(budget)[0] for request in self.running]
+        else:
+            results = self.shared.step(budget)
+        for request, (tokens, verified) in zip(self.running, results, strict=True):
+            if budget is not None:
+                request.budgets.append(budget)
+            events.append(self._event(request, tokens, verified))
+        return events
+
+    def _event(self, request: Request, tokens: list[int], verified: int) -> Event:
+        step = request.rules.commit(tokens, verified)
+        request.finished = step.finish_reason is not None
+        return Event(request, step)
+
+    # --------------------------------------------------------------------------------------- leaving
+
+    def _drop_cancelled(self) -> None:
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        if self.prefilling is not None and self.prefilling.cancelled:
+            self.prefilling.runner.abandon()
+            self.prefilling = None
+        for request in self.running:
+            if request.cancelled:
+                request.finished = True
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        row = 0
+        while row < len(self.running):
+            request = self.running[row]
+            if not request.finished:
+                row += 1
+                continue
+            if self.per_request:
+                self.running.pop(row)
+            else:  # the last row moves into the freed one, as the runner moved it
+                self.shared.release(row)
+                last = self.running.pop()
+                if row < len(self.running):
+                    self.running[row] = last

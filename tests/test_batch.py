@@ -1,0 +1,149 @@
+"""Continuous batching: every request's output equals its single-request output, whatever runs beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_helpers import write_pair
+from hybrid_helpers import write_drafter, write_target
+from test_decode import RUNS, SAMPLING, chi_square_p, exact_three_token_distribution, with_seed
+
+from specdeploy.engine.batch import BatchEngine
+from specdeploy.engine.decode import Decoder, SamplingParams
+from specdeploy.engine.drafter import load_drafter
+from specdeploy.engine.loading import load_target
+from specdeploy.errors import SpecdeployError
+
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "qwen3_next"]
+MODES = [("ar", None), ("dflash", None), ("ddtree", 5), ("ddtree", 24)]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch")
+    made = {family: write_pair(root, family) for family in FAMILIES if family != "qwen3_next"}
+    made["qwen3_next"] = (write_target("qwen3_next", root / "hybrid"), write_drafter(root / "hybrid-draft"))
+    return {family: (load_target(t), load_drafter(d)) for family, (t, d) in made.items()}
+
+
+def run(engine: BatchEngine, schedule: list[tuple[int, list[int], SamplingParams]], cancel_id=None) -> dict:
+    """Submit each request at its iteration; collect every request's tokens and finish reason."""
+    pending = sorted(schedule, key=lambda item: item[0])
+    outputs: dict[int, list[int]] = {}
+    finish: dict[int, str | None] = {}
+    iteration = 0
+    while pending or not engine.idle:
+        while pending and pending[0][0] <= iteration:
+            _, prompt, params = pending.pop(0)
+            request = engine.submit(prompt, params)
+            outputs[request.id] = []
+        for event in engine.iterate():
+            outputs[event.request.id] += event.step.token_ids
+            finish[event.request.id] = event.step.finish_reason
+            if event.request.id == cancel_id:
+                engine.cancel(event.request)
+        iteration += 1
+        assert iteration < 10_000, "the engine stopped making progress"
+    return {"outputs": outputs, "finish": finish}
+
+
+PROMPTS = [[3, 17, 9, 41, 5], [7, 1, 30], [11, 2, 2, 2, 9, 50, 4, 8, 1], [5], [40, 41, 42, 43], [6, 6, 21]]
+LENGTHS = [24, 9, 31, 17, 5, 20]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_outputs_under_batching_equal_single_requests(pairs, family):
+    target, drafter = pairs[family]
+    for mode, budget in MODES:
+        params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+        single = [
+            Decoder(target, drafter if mode != "ar" else None, mode, budget).generate(p, q).token_ids
+            for p, q in zip(PROMPTS, params, strict=True)
+        ]
+        engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=3,
+                             max_context=128, prefill_tokens=4)  # fmt: skip
+        # requests arrive over time, more than can run at once, and leave at different lengths
+        schedule = [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))]
+        got = run(engine, schedule)
+        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single, (mode, budget)
+        assert all(got["finish"][i + 1] == "length" for i in range(len(PROMPTS)))
+
+
+def test_a_cancelled_request_leaves_and_the_others_are_unaffected(pairs):
+    target, drafter = pairs["qwen3"]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    single = [
+        Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128)
+    got = run(engine, [(0, p, q) for p, q in zip(PROMPTS, params, strict=True)], cancel_id=2)
+    assert len(got["outputs"][2]) < LENGTHS[1]  # cut short
+    assert [got["outputs"][i] for i in (1, 3, 4, 5, 6)] == [single[i] for i in (0, 2, 3, 4, 5)]
+    assert engine.idle and engine.shared.active == 0
+
+
+def test_seeded_samples_under_batching_equal_single_requests(pairs):
+    """Uniforms are tied to output positions, so a seeded sample does not depend on its batch-mates."""
+    target, drafter = pairs["qwen3"]
+    for mode, budget in [("ar", None), ("dflash", None), ("ddtree", 8)]:
+        params = [
+            SamplingParams(temperature=0.9, top_k=20, max_new_tokens=n, ignore_eos=True, seed=i)
+            if i % 2 else SamplingParams(max_new_tokens=n, ignore_eos=True)
+            for i, n in enumerate(LENGTHS)
+        ]  # fmt: skip
+        single = [
+            Decoder(target, drafter if mode != "ar" else None, mode, budget).generate(p, q).token_ids
+            for p, q in zip(PROMPTS, params, strict=True)
+        ]
+        engine = BatchEngine(
+            target, drafter if mode != "ar" else None, mode, budget, max_running=4, max_context=128
+        )
+        got = run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single, mode
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    target_dir, draft_dir = write_pair(
+        tmp_path_factory.mktemp("small-batch"), "qwen3", vocab=6, block_size=4, logit_scale=3.0
+    )
+    return load_target(target_dir), load_drafter(draft_dir)
+
+
+@pytest.mark.parametrize(("mode", "budget"), [("dflash", None), ("ddtree", 8)])
+def test_sampling_stays_lossless_under_batching(small_vocab_pair, mode, budget):
+    """The chi-square test of test_decode, with every sampled request sharing its steps with greedy and
+    sampled batch-mates of other prompts."""
+    target, drafter = small_vocab_pair
+    params = SAMPLING[1]
+    prompt = [1, 2, 3]
+    engine = BatchEngine(target, drafter, mode, budget, max_running=6, max_context=64)
+    schedule = []
+    for seed in range(RUNS):
+        schedule.append((seed // 4, prompt, with_seed(params, seed)))
+        if seed % 4 == 0:  # greedy and sampled neighbours with other prompts
+            schedule.append((seed // 4, [4, 1], SamplingParams(max_new_tokens=5, ignore_eos=True)))
+            schedule.append((seed // 4, [2], with_seed(SAMPLING[0], RUNS + seed)))
+    got = run(engine, schedule)
+    counts: dict[tuple, int] = {}
+    request_id = 0
+    for _, ids, _ in schedule:
+        request_id += 1
+        if ids == prompt:
+            key = tuple(got["outputs"][request_id])
+            counts[key] = counts.get(key, 0) + 1
+    table = exact_three_token_distribution(target, prompt, params)
+    assert chi_square_p(counts, table, RUNS) > 1e-3
+
+
+def test_requests_that_cannot_fit_are_refused(pairs):
+    target, drafter = pairs["qwen3"]
+    engine = BatchEngine(target, drafter, "dflash", None, max_running=2, max_context=32)
+    with pytest.raises(SpecdeployError, match="exceed the engine's context of 32"):
+        engine.submit([1] * 20, SamplingParams(max_new_tokens=20))
+    with pytest.raises(SpecdeployError, match="prompt is empty"):
+        engine.submit([], SamplingParams())
+    with pytest.raises(SpecdeployError, match="at least 1"):
+        BatchEngine(target, drafter, "dflash", None, max_running=0, max_context=32)
+    assert torch.is_tensor(engine.shared.prefix)
