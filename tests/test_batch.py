@@ -147,3 +147,43 @@ def test_requests_that_cannot_fit_are_refused(pairs):
     with pytest.raises(SpecdeployError, match="at least 1"):
         BatchEngine(target, drafter, "dflash", None, max_running=0, max_context=32)
     assert torch.is_tensor(engine.shared.prefix)
+
+
+def test_an_adaptive_budget_keeps_every_output_and_shrinks_trees_under_load(pairs):
+    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+
+    target, drafter = pairs["qwen3"]
+    # a verify cost that is flat up to 64 tokens then grows with them, as on a GPU
+    verify = CostCurve({1: 1.0, 64: 1.0, 512: 8.0, 4096: 64.0})
+    policy = BudgetPolicy([2, 8, 32], verify, CostCurve({1: 0.1, 8: 0.2}), explore_every=1000)
+    for budget, accept in ((2, 2.0), (8, 3.0), (32, 3.6)):
+        for _ in range(3):
+            policy.observe(budget, [accept])
+    assert policy.choose(1) == 32 and policy.choose(8) == 8
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    single = [
+        Decoder(target, drafter, "ddtree", 32).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    engine = BatchEngine(target, drafter, "ddtree", 32, max_running=6, max_context=128, policy=policy)
+    got = run(engine, [(i * 3, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+    assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
+    assert len(set(policy.last_choice.values())) > 1  # the budget really changed with the load
+
+
+def test_the_policy_maximises_its_estimate_and_tries_every_budget():
+    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+
+    verify = CostCurve({1: 1.0, 16: 1.1, 128: 3.0, 1024: 20.0})
+    assert verify(8) == pytest.approx(1.0 + 0.1 * 7 / 15) and verify(2048) == pytest.approx(
+        20 + 17 / 896 * 1024
+    )
+    policy = BudgetPolicy([1, 4, 16, 64], verify, CostCurve({1: 0.2, 4: 0.3}), explore_every=5)
+    tried = set()
+    for _ in range(40):
+        budget = policy.choose(4)
+        tried.add(budget)
+        policy.observe(budget, [1 + budget**0.5] * 4)
+    assert tried == {1, 4, 16, 64}
+    best = max(policy.budgets, key=lambda b: 4 * (1 + b**0.5) / (verify(4 * (b + 1)) + 0.3))
+    assert max(policy.budgets, key=lambda b: policy.throughput(4, b)) == best

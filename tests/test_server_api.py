@@ -77,6 +77,7 @@ def test_server_info_names_the_engine_and_tracks_accept_length(client: httpx.Cli
         "version": "0.1.0",
         "mode": "ddtree",
         "budget": BUDGET,
+        "max_running_requests": 8,
         "block_size": 8,
         "device": "cpu",
     }

@@ -134,3 +134,50 @@ def test_full_queue_answers_503_and_admitted_requests_complete(random_pair: tupl
             assert error["object"] == "error" and "queue is full" in error["message"]
         else:
             assert response.json()["meta_info"]["completion_tokens"] == 40
+
+
+def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
+    random_pair: tuple[Path, Path],
+) -> None:
+    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+
+    policy = BudgetPolicy([2, 4, 8], CostCurve({1: 1.0, 64: 1.0, 512: 9.0}), CostCurve({1: 0.1, 8: 0.2}))
+    with running_server(random_pair, "ddtree", 8, budget_policy=policy, max_running_requests=4) as url:
+
+        async def main() -> list[dict]:
+            async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+                body = {"sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}}
+                replies = await asyncio.gather(
+                    *(client.post("/generate", json={"text": p, **body}) for p in PROMPTS)
+                )
+                info = (await client.get("/server_info")).json()
+            return [r.json() for r in replies], info
+
+        replies, info = asyncio.run(main())
+    for reply in replies:
+        meta = reply["meta_info"]
+        assert len(meta["ddtree_budgets"]) == meta["spec_verify_ct"]
+        assert set(meta["ddtree_budgets"]) <= {2, 4, 8}
+        assert meta["spec_num_proposed_drafts"] == sum(meta["ddtree_budgets"])
+    assert info["engine"]["budget"] == "auto" and info["max_running_requests"] == 4
+    described = info["internal_states"][0]["ddtree_budget_policy"]
+    assert sum(described["steps_by_budget"].values()) >= max(
+        r["meta_info"]["spec_verify_ct"] for r in replies
+    )
+
+
+def test_serve_refuses_bad_batching_settings(random_pair: tuple[Path, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+
+    target, draft = (str(p) for p in random_pair)
+    runner = CliRunner()
+    cases = [
+        (["--mode", "dflash", "--draft", draft, "--budget", "auto"], "--budget auto picks DDTree budgets"),
+        (["--mode", "ddtree", "--draft", draft, "--budget", "many"], "--budget must be a number"),
+        (["--max-running-requests", "0"], "--max-running-requests must be at least 1"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["serve", "--target", target, "--port", "1", *args])
+        assert result.exit_code != 0 and message in str(result.exception), (args, result.output)

@@ -1,32 +1,91 @@
-"""The engine worker alone: FIFO order, cancellation, decoder failures, shutdown with jobs still queued."""
+"""The engine worker alone: requests batched together, cancellation, engine failures, shutdown with jobs queued."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
 from specdeploy.engine.decode import SamplingParams, Step
+from specdeploy.errors import SpecdeployError
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.worker import EngineWorker, JobFailed
 
 
-class ScriptedDecoder:
-    """Yields `steps` one-token steps per prompt; records the order prompts were served in."""
+@dataclass(eq=False)
+class ScriptedRequest:
+    token: int
+    steps: int
+    done: int = 0
+    finished: bool = False
+    cancelled: bool = False
+    budgets: list[int] = field(default_factory=list)
 
-    def __init__(self, steps: int = 3, gate: threading.Event | None = None) -> None:
-        self.steps, self.gate, self.served = steps, gate, []
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
-        self.served.append(prompt_ids[0])
-        if prompt_ids[0] < 0:
-            raise RuntimeError("the decoder broke")
-        for i in range(self.steps):
-            if self.gate is not None and i > 0:  # the first step always comes: the job is visibly running
-                self.gate.wait(5)
-            yield Step([prompt_ids[0]], 0 if i == 0 else 1, "length" if i == self.steps - 1 else None)
+@dataclass
+class ScriptedEvent:
+    request: ScriptedRequest
+    step: Step
+
+
+class ScriptedEngine:
+    """Each iteration admits waiting requests up to `max_running` and gives every running one a one-token
+    step; a negative prompt breaks the engine. Records admissions and how many ran together."""
+
+    def __init__(self, steps: int = 3, max_running: int = 4, gate: threading.Event | None = None) -> None:
+        self.steps, self.max_running, self.gate = steps, max_running, gate
+        self.waiting: list[ScriptedRequest] = []
+        self.running: list[ScriptedRequest] = []
+        self.admitted: list[int] = []
+        self.batch_sizes: list[int] = []
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.running)
+
+    def submit(self, prompt_ids, params) -> ScriptedRequest:
+        if prompt_ids[0] == 99:
+            raise SpecdeployError("that prompt is refused")
+        request = ScriptedRequest(prompt_ids[0], self.steps)
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request) -> None:
+        request.cancelled = True
+
+    def iterate(self) -> list[ScriptedEvent]:
+        self.running = [r for r in self.running if not (r.finished or r.cancelled)]
+        self.waiting = [r for r in self.waiting if not r.cancelled]
+        while self.waiting and len(self.running) < self.max_running:
+            request = self.waiting.pop(0)
+            self.admitted.append(request.token)
+            self.running.append(request)
+        if any(r.token < 0 for r in self.running):
+            raise RuntimeError("the engine broke")
+        if self.gate is not None and any(r.done > 0 for r in self.running):
+            self.gate.wait(5)  # the first step always comes: a job is visibly running
+        self.batch_sizes.append(len(self.running))
+        events = []
+        for request in self.running:
+            request.done += 1
+            request.finished = request.done == request.steps
+            events.append(
+                ScriptedEvent(
+                    request,
+                    Step([request.token], int(request.done > 1), "length" if request.finished else None),
+                )
+            )
+        return events
 
 
 async def drain(job) -> list[Step | JobFailed]:
@@ -39,9 +98,9 @@ async def drain(job) -> list[Step | JobFailed]:
     return items
 
 
-def test_jobs_are_served_in_arrival_order() -> None:
-    decoder = ScriptedDecoder()
-    worker = EngineWorker(decoder, max_queued=16)
+def test_requests_are_admitted_in_arrival_order_and_run_together() -> None:
+    engine = ScriptedEngine(steps=3, max_running=4)
+    worker = EngineWorker(lambda: engine, max_queued=16)
     worker.start()
 
     async def main() -> list[list]:
@@ -50,38 +109,50 @@ def test_jobs_are_served_in_arrival_order() -> None:
 
     results = asyncio.run(main())
     worker.stop()
-    assert decoder.served == list(range(10))
+    assert engine.admitted == list(range(10))
     assert [[s.token_ids[0] for s in steps] for steps in results] == [[i] * 3 for i in range(10)]
+    assert max(engine.batch_sizes) > 1 and max(engine.batch_sizes) <= 4
 
 
-def test_cancelled_and_failing_jobs_do_not_stop_the_worker() -> None:
+def test_cancelled_refused_and_failing_jobs_do_not_stop_the_worker() -> None:
     gate = threading.Event()
-    decoder = ScriptedDecoder(steps=50, gate=gate)
-    worker = EngineWorker(decoder, max_queued=16)
+    engines: list[ScriptedEngine] = []
+
+    def make() -> ScriptedEngine:
+        engines.append(ScriptedEngine(steps=50, max_running=1, gate=gate))
+        return engines[-1]
+
+    worker = EngineWorker(make, max_queued=16)
     worker.start()
 
     async def main():
         running = worker.submit([1], SamplingParams())
         waiting = worker.submit([2], SamplingParams())
-        failing = worker.submit([-1], SamplingParams())
-        last = worker.submit([3], SamplingParams())
+        refused = worker.submit([99], SamplingParams())
         waiting.cancel()  # cancelled before it starts: never decoded
         first = await running.steps.get()
         running.cancel()  # cancelled mid-generation: stops after the current step
         gate.set()
-        return first, await drain(running), await drain(waiting), await drain(failing), await drain(last)
+        cut, dropped, denied = await drain(running), await drain(waiting), await drain(refused)
+        failing = worker.submit([-1], SamplingParams())
+        broken = await drain(failing)
+        after = await drain(worker.submit([3], SamplingParams()))
+        return first, cut, dropped, denied, broken, after
 
-    first, running, waiting, failing, last = asyncio.run(main())
+    first, cut, dropped, denied, broken, after = asyncio.run(main())
     worker.stop()
-    assert first.token_ids == [1] and len(running) <= 1
-    assert waiting == [] and 2 not in decoder.served
-    assert len(failing) == 1 and isinstance(failing[0], JobFailed) and "the decoder broke" in str(failing[0])
-    assert len(last) == 50
+    assert first.token_ids == [1] and len(cut) <= 1
+    assert dropped == [] and 2 not in engines[0].admitted
+    assert len(denied) == 1 and "that prompt is refused" in str(denied[0])
+    assert len(broken) == 1 and isinstance(broken[0], JobFailed) and "the engine broke" in str(broken[0])
+    assert len(engines) == 2  # a fresh engine after the failure, which then serves the next job whole
+    assert len(after) == 50 and worker.num_running == 0
 
 
 def test_queue_limit_and_shutdown_end_every_waiting_job() -> None:
     gate = threading.Event()
-    worker = EngineWorker(ScriptedDecoder(steps=5, gate=gate), max_queued=3)
+    engine = ScriptedEngine(steps=5, max_running=1, gate=gate)
+    worker = EngineWorker(lambda: engine, max_queued=3)
     worker.start()
 
     async def main():

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from specdeploy.engine.budget import BudgetPolicy
 from specdeploy.engine.decode import Step, StopRules
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import StepRunner
@@ -29,7 +29,7 @@ from specdeploy.errors import SpecdeployError
 DEFAULT_PREFILL_TOKENS = 2048  # prompt tokens per iteration; one chunk of this size costs about one step
 
 
-@dataclass
+@dataclass(eq=False)  # identity: requests key dictionaries
 class Request:
     prompt_ids: list[int]
     params: SamplingParams
@@ -60,16 +60,16 @@ class BatchEngine:
         max_context: int,
         cuda_graphs: bool = True,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-        choose_budget: Callable[[int], int] | None = None,
+        policy: BudgetPolicy | None = None,
     ) -> None:
-        """`max_context`: positions (prompt + new tokens) a request may reach; `choose_budget(running)`
-        picks each iteration's DDTree budget (default: always `budget`)."""
+        """`max_context`: positions (prompt + new tokens) a request may reach; `policy` picks each step's
+        DDTree budget (default: always `budget`, which then is the largest the policy may pick)."""
         if max_running < 1:
             raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
         self.target, self.drafter, self.mode, self.budget = target, drafter, mode, budget
         self.max_running, self.max_context = max_running, max_context
         self.prefill_tokens = prefill_tokens
-        self.choose_budget = choose_budget
+        self.policy = policy
         self.device = target.embed_tokens.weight.device
         self._ids = itertools.count(1)
         self.waiting: deque[Request] = deque()
@@ -116,7 +116,7 @@ class BatchEngine:
         self._drop_cancelled()
         events = self._prefill()
         if self.running:
-            budget = self.choose_budget(len(self.running)) if self.choose_budget is not None else None
+            budget = self.policy.choose(len(self.running)) if self.policy is not None else None
             events += self._step(budget)
         self._drop_finished()
         return events
@@ -167,6 +167,8 @@ class BatchEngine:
             if budget is not None:
                 request.budgets.append(budget)
             events.append(self._event(request, tokens, verified))
+        if self.policy is not None:
+            self.policy.observe(budget, [len(tokens) for tokens, _ in results])
         return events
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:

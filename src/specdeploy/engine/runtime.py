@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from specdeploy.engine.batch import BatchEngine
+from specdeploy.engine.budget import BudgetPolicy
 from specdeploy.engine.decode import Decoder, check_mode
 from specdeploy.errors import SpecdeployError
 
@@ -16,6 +18,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class Engine:
+    """A loaded target (+ drafter): `decoder` runs one request at a time, `batch_engine` makes a batching one."""
+
     decoder: Decoder
     tokenizer: Any  # a transformers tokenizer loaded from the target directory
     model_name: str
@@ -27,6 +31,18 @@ class Engine:
     max_context: int
     device: str
     dtype: str
+
+    def batch_engine(self, max_running: int, policy: BudgetPolicy | None = None) -> BatchEngine:
+        decoder = self.decoder
+        return BatchEngine(
+            decoder.target,
+            decoder.drafter,
+            self.mode,
+            self.budget,
+            max_running=max_running,
+            max_context=self.max_context,
+            policy=policy,
+        )
 
 
 def resolve_device(device: str) -> torch.device:

@@ -40,6 +40,9 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return row_sampling_probs(logits, RowSampling.of([params], logits.device), rows_first=False)
 
 
+TOP_K_OFF = 2**62  # any top_k at least the vocabulary size keeps every token; larger ones overflow int64
+
+
 @dataclass
 class RowSampling:
     """Sampling settings of several rows as tensors [R], so one call serves rows with different settings."""
@@ -53,14 +56,14 @@ class RowSampling:
     def of(params: list[SamplingParams], device: torch.device | str) -> RowSampling:
         return RowSampling(
             temperature=torch.tensor([p.temperature or 1.0 for p in params], device=device),
-            top_k=torch.tensor([p.top_k for p in params], device=device),
+            top_k=torch.tensor([min(p.top_k, TOP_K_OFF) for p in params], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
             greedy=torch.tensor([p.greedy for p in params], device=device),
         )
 
     def set_row(self, row: int, params: SamplingParams) -> None:
         self.temperature[row] = params.temperature or 1.0
-        self.top_k[row] = params.top_k
+        self.top_k[row] = min(params.top_k, TOP_K_OFF)
         self.top_p[row] = params.top_p
         self.greedy[row] = params.greedy
 

@@ -17,7 +17,19 @@ def serve(
         str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
     ] = None,
     mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
-    budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step.")] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            "--ddtree-budget",
+            help="DDTree draft nodes per step, or `auto`: chosen every step from the running requests, "
+            "the verify cost measured at start-up and the acceptance seen so far (up to --max-budget).",
+        ),
+    ] = None,
+    max_budget: Annotated[int, typer.Option(help="Largest budget `--budget auto` may choose.")] = 64,
+    max_running_requests: Annotated[
+        int, typer.Option(help="Requests decoded together in one batch; the rest wait in the queue.")
+    ] = 8,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 30000,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
@@ -52,6 +64,17 @@ def serve(
 
     if max_queued_requests < 1:
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
+    if max_running_requests < 1:
+        raise SpecdeployError(f"--max-running-requests must be at least 1, got {max_running_requests}")
+    adaptive = budget == "auto"
+    if adaptive and mode != "ddtree":
+        raise SpecdeployError("--budget auto picks DDTree budgets: use it with --mode ddtree")
+    if adaptive and max_budget < 1:
+        raise SpecdeployError(f"--max-budget must be at least 1, got {max_budget}")
+    try:
+        tree_budget = max_budget if adaptive else None if budget is None else int(budget)
+    except ValueError:
+        raise SpecdeployError(f"--budget must be a number of draft nodes or auto, got {budget!r}") from None
     if max_request_bytes < 1:
         raise SpecdeployError(f"--max-request-bytes must be at least 1, got {max_request_bytes}")
     if not api_key and not is_loopback(host):
@@ -61,8 +84,20 @@ def serve(
             err=True,
         )
     check_port_free(host, port)
-    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
-    config = ServerConfig(max_queued_requests=max_queued_requests, served_model_name=served_model_name)
+    engine = load_engine(target, draft, mode, tree_budget, device=device, dtype=dtype, threads=threads)
+    policy = None
+    if adaptive:
+        from specdeploy.engine.budget import calibrate, powers_of_two
+
+        typer.echo("measuring the verify cost curve for --budget auto ...", err=True)
+        decoder = engine.decoder
+        policy = calibrate(decoder.target, decoder.drafter, powers_of_two(max_budget), max_running_requests)
+    config = ServerConfig(
+        max_queued_requests=max_queued_requests,
+        max_running_requests=max_running_requests,
+        served_model_name=served_model_name,
+        budget_policy=policy,
+    )
     guard = HttpGuard(api_key=api_key or None, max_body_bytes=max_request_bytes)
     serve_engine(engine, config, host, port, log_level, guard)
 

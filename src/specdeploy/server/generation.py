@@ -44,6 +44,7 @@ class Generation:
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step
     first_token_at: float | None = None
     finished_at: float | None = None
+    budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step, when adaptive
 
     @property
     def finished(self) -> bool:
@@ -135,14 +136,17 @@ class Generation:
         if draft is None or self.verify_ct == 0:
             return {}
         correct = sum(self.accept_lengths) - self.verify_ct  # accepted draft tokens: bonus tokens excluded
-        proposed = self.verify_ct * draft
-        return {
+        proposed = sum(self.budgets) if self.budgets else self.verify_ct * draft
+        metrics = {
             "spec_accept_rate": correct / proposed,
             "spec_accept_length": len(self.output_ids) / self.verify_ct,
             "spec_num_correct_drafts": correct,
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": self.verify_ct,
         }
+        if self.budgets:  # an adaptive budget: the tree size of each verify step
+            metrics["ddtree_budgets"] = self.budgets
+        return metrics
 
     @property
     def ttft(self) -> float | None:

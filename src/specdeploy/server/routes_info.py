@@ -90,6 +90,8 @@ async def server_info(request: Request) -> dict[str, Any]:
     avg = service.stats.avg_accept_length
     if service.spec.num_draft_tokens is not None and avg is not None:
         internal["avg_spec_accept_length"] = avg
+    if service.config.budget_policy is not None:
+        internal["ddtree_budget_policy"] = service.config.budget_policy.describe()
     draft = service.spec.num_draft_tokens
     return {
         "model_path": str(engine.target_path),
@@ -100,7 +102,7 @@ async def server_info(request: Request) -> dict[str, Any]:
         "speculative_num_draft_tokens": None if draft is None else draft + 1,
         "context_length": service.limits.max_context,
         "device": str(engine.device),
-        "max_running_requests": 1,
+        "max_running_requests": service.config.max_running_requests,
         "max_queued_requests": service.config.max_queued_requests,
         "startup_time": service.started_at,
         "internal_states": [internal],

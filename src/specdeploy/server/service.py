@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 
 from specdeploy import __version__
+from specdeploy.engine.budget import BudgetPolicy
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation, SpecSettings
 from specdeploy.server.params import ModelLimits, RequestParams, check_prompt
@@ -35,7 +36,9 @@ class EngineFailed(Exception):
 @dataclass
 class ServerConfig:
     max_queued_requests: int = 256
+    max_running_requests: int = 8  # requests decoded together in one batch (SGLang's flag name)
     served_model_name: str | None = None  # defaults to the engine's model name
+    budget_policy: BudgetPolicy | None = None  # DDTree budget chosen per step (--budget auto)
 
 
 class EngineService:
@@ -49,7 +52,10 @@ class EngineService:
         target_config = engine.decoder.target.config
         self.limits = ModelLimits(vocab_size=target_config.vocab_size, max_context=engine.max_context)
         self.spec = SpecSettings(num_draft_tokens=_draft_tokens(engine))
-        self.worker = EngineWorker(engine.decoder, config.max_queued_requests)
+        self.worker = EngineWorker(
+            lambda: engine.batch_engine(config.max_running_requests, config.budget_policy),
+            config.max_queued_requests,
+        )
         self.stats = ServerStats(lambda: self.worker.num_waiting, lambda: self.worker.num_running)
         self.started_at = time.time()
 
@@ -115,6 +121,7 @@ class EngineService:
             job.cancel()
             if not gen.finished:  # the consumer left early: the client disconnected
                 gen.abort("The client disconnected before the generation finished.", 499)
+            gen.budgets = list(job.budgets)
             self.stats.record(gen)
 
     async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:
@@ -150,7 +157,8 @@ class EngineService:
             "name": ENGINE_NAME,
             "version": __version__,
             "mode": self.engine.mode,
-            "budget": self.engine.budget,
+            "budget": "auto" if self.config.budget_policy is not None else self.engine.budget,
+            "max_running_requests": self.config.max_running_requests,
             "block_size": self.engine.block_size,
             "device": str(self.engine.device),
         }

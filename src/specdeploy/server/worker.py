@@ -1,8 +1,9 @@
-"""One worker thread runs the batch-1 decoder over a FIFO queue of jobs; steps flow back to the event loop.
+"""One worker thread drives the batching engine; each request's steps flow back to the event loop.
 
-The decoder is synchronous and CPU-bound, so it never runs on the event loop. Each job owns an asyncio
-queue that the worker feeds through `call_soon_threadsafe`; a job's consumer cancels it (client gone, stop
-string matched) and the worker notices before the next step.
+The engine is synchronous and compute-bound, so it never runs on the event loop. Between engine iterations
+the worker takes newly queued jobs into the engine (requests join and leave between steps), tells it which
+jobs were cancelled (client gone, stop string matched), and hands every event to its job's asyncio queue
+through `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,33 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from specdeploy.engine.decode import Decoder, SamplingParams, Step
+from specdeploy.engine.decode import SamplingParams, Step
+from specdeploy.errors import SpecdeployError
 from specdeploy.server.api_errors import ApiError
 
 log = logging.getLogger(__name__)
 
 
 class JobFailed(Exception):
-    """The decoder raised while running a job; carries the original exception."""
+    """The engine raised while running a job; carries the original exception."""
+
+
+class BatchingEngine(Protocol):
+    """What the worker needs of `engine.batch.BatchEngine`."""
+
+    num_running: int
+    num_waiting: int
+    idle: bool
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Any: ...
+
+    def cancel(self, request: Any) -> None: ...
+
+    def iterate(self) -> list[Any]: ...
 
 
 @dataclass
@@ -34,6 +51,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
+    budgets: list[int] = field(default_factory=list)  # the DDTree budget of each step, when it varies
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -55,17 +73,19 @@ class Job:
 
 
 class EngineWorker:
-    """A FIFO queue in front of one decoder, with a bound on how many jobs may wait or run at once."""
+    """A queue in front of the batching engine, with a bound on how many jobs may wait or run at once."""
 
-    def __init__(self, decoder: Decoder, max_queued: int) -> None:
+    def __init__(self, make_engine: Callable[[], BatchingEngine], max_queued: int) -> None:
+        """`make_engine` builds the engine, again after an engine failure (whose state is then unknown)."""
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
-        self.decoder = decoder
+        self.make_engine = make_engine
+        self.engine = make_engine()
         self.max_queued = max_queued
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._waiting = 0
-        self._running = 0
+        self._queued = 0  # submitted jobs the engine has not taken yet
+        self._in_engine = 0  # jobs the engine holds (waiting inside it, prefilling or running)
         self._stopping = threading.Event()
         self._exited = False  # set under the lock once the thread takes no more jobs
         self._idle = threading.Condition(self._lock)
@@ -74,11 +94,11 @@ class EngineWorker:
 
     @property
     def num_waiting(self) -> int:
-        return self._waiting
+        return self._queued + (0 if self._exited else self.engine.num_waiting)
 
     @property
     def num_running(self) -> int:
-        return self._running
+        return 0 if self._exited else self.engine.num_running
 
     @property
     def alive(self) -> bool:
@@ -93,7 +113,7 @@ class EngineWorker:
             raise ApiError("The server is shutting down; send the request to another replica.", 503)
         job = Job(prompt_ids, params, asyncio.get_running_loop())
         with self._lock:
-            if not bypass_limit and self._waiting + self._running >= self.max_queued:
+            if not bypass_limit and self._queued + self._in_engine >= self.max_queued:
                 raise ApiError(
                     f"The request queue is full ({self.max_queued} requests waiting or running); "
                     "retry later or start the server with a larger --max-queued-requests.",
@@ -101,7 +121,7 @@ class EngineWorker:
                 )
             if self._exited:
                 raise ApiError("The server is shutting down; send the request to another replica.", 503)
-            self._waiting += 1
+            self._queued += 1
             # put under the lock: the worker cannot finish its last drain between the check and the put
             self._jobs.put(job)
         return job
@@ -109,10 +129,10 @@ class EngineWorker:
     def wait_idle(self, timeout: float) -> bool:
         """Block until nothing waits or runs (True), or until `timeout` seconds pass (False)."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._waiting + self._running == 0, timeout)
+            return self._idle.wait_for(lambda: self._queued + self._in_engine == 0, timeout)
 
     def request_stop(self) -> None:
-        """Stop after the current step, without waiting: queued jobs end without output, the thread exits.
+        """Stop after the current iteration, without waiting: unfinished jobs end without further output.
 
         Safe inside a signal handler: it only sets an Event and puts on a SimpleQueue (reentrant).
         """
@@ -125,40 +145,77 @@ class EngineWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    # ------------------------------------------------------------------------------------ the thread
+
     def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
+        held: dict[Any, Job] = {}  # engine request -> its job
+        while not self._stopping.is_set():
+            if not self._take(held, block=not held):
                 break
-            with self._lock:
-                self._waiting -= 1
-                self._running += 1
+            for request, job in held.items():
+                if job.cancelled.is_set():
+                    self.engine.cancel(request)
+            if not held:
+                continue
             try:
-                if not (job.cancelled.is_set() or self._stopping.is_set()):
-                    self._decode(job)
-            finally:
-                job._deliver(None)
-                with self._idle:
-                    self._running -= 1
-                    self._idle.notify_all()
+                events = self.engine.iterate()
+            except Exception as exc:  # an engine failure ends the jobs it held, never the worker
+                log.exception("generation failed")
+                for job in held.values():
+                    job._deliver(JobFailed(f"{type(exc).__name__}: {exc}"))
+                self._release(held, list(held))
+                self.engine = self.make_engine()
+                continue
+            if events:
+                self.last_step_at = time.perf_counter()
+            for event in events:
+                job = held[event.request]
+                if event.step.verified_tokens and getattr(event.request, "budgets", None):
+                    job.budgets.append(event.request.budgets[-1])
+                job._deliver(event.step)
+            self._release(held, [r for r in held if r.finished or r.cancelled])
         with self._lock:
             self._exited = True
+        self._release(held, list(held))
         self._drain()
 
-    def _decode(self, job: Job) -> None:
-        job.started_at = time.perf_counter()
-        steps = self.decoder.stream(job.prompt_ids, job.params)
-        try:
-            for step in steps:
-                self.last_step_at = time.perf_counter()
-                job._deliver(step)
-                if job.cancelled.is_set() or self._stopping.is_set():
-                    break
-        except Exception as exc:  # any decoder failure ends this job only, never the worker
-            log.exception("generation failed")
-            job._deliver(JobFailed(f"{type(exc).__name__}: {exc}"))
-        finally:
-            steps.close()
+    def _take(self, held: dict[Any, Job], block: bool) -> bool:
+        """Move queued jobs into the engine (waiting for one when `block`); False once told to stop."""
+        while True:
+            try:
+                job = self._jobs.get() if block else self._jobs.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if job is None:
+                return False
+            with self._lock:
+                self._queued -= 1
+            if job.cancelled.is_set():
+                self._close(job)
+                continue
+            try:
+                request = self.engine.submit(job.prompt_ids, job.params)
+            except SpecdeployError as exc:
+                job._deliver(JobFailed(str(exc)))
+                self._close(job)
+                continue
+            job.started_at = time.perf_counter()
+            held[request] = job
+            with self._lock:
+                self._in_engine += 1
+
+    def _release(self, held: dict[Any, Job], requests: list[Any]) -> None:
+        for request in requests:
+            job = held.pop(request)
+            with self._lock:
+                self._in_engine -= 1
+            self._close(job)
+
+    def _close(self, job: Job) -> None:
+        job._deliver(None)
+        with self._idle:
+            self._idle.notify_all()
 
     def _drain(self) -> None:
         """After a stop, end every job still queued so that no consumer waits forever."""
@@ -168,7 +225,6 @@ class EngineWorker:
             except queue.Empty:
                 return
             if job is not None:
-                with self._idle:
-                    self._waiting -= 1
-                    self._idle.notify_all()
-                job._deliver(None)
+                with self._lock:
+                    self._queued -= 1
+                self._close(job)

@@ -1,0 +1,151 @@
+"""The adaptive DDTree budget: each step's tree size chosen from how many requests share the step.
+
+A bigger tree commits more tokens per step but costs more to verify, and the verify cost grows with the
+tokens of every running request together: at batch 1 a 64-node tree is almost free, at 32 requests it
+competes for the same FLOPs. The policy keeps two curves:
+
+- cost: seconds of one target forward over n tokens, and of one drafter pass over r rows, measured at
+  start-up (powers of two, interpolated linearly in between);
+- acceptance: the mean tokens a request commits per step at each budget, observed on the steps run so far.
+
+and picks, for r running requests, the budget b that maximises r * accept(b) / (draft(r) + verify(r (b+1))).
+Budgets never tried count as optimistic (their larger neighbour's acceptance, or twice the best seen) until
+they have been tried a few times, and every `explore_every`-th choice tries the runner-up, so the observed
+curve keeps up with the traffic.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+
+import torch
+
+MIN_SAMPLES = 3  # steps at a budget before its observed acceptance is trusted
+EWMA = 0.05  # weight of each new step in a budget's running acceptance
+
+
+def powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+
+
+class CostCurve:
+    """Seconds as a function of a size, from measurements at a few sizes (linear in between and beyond)."""
+
+    def __init__(self, points: dict[int, float]) -> None:
+        self.sizes = sorted(points)
+        self.seconds = [points[size] for size in self.sizes]
+
+    def __call__(self, size: int) -> float:
+        i = bisect.bisect_left(self.sizes, size)
+        if i < len(self.sizes) and self.sizes[i] == size:
+            return self.seconds[i]
+        i = min(max(i, 1), len(self.sizes) - 1)
+        (x0, x1), (y0, y1) = self.sizes[i - 1 : i + 1], self.seconds[i - 1 : i + 1]
+        return max(0.0, y0 + (y1 - y0) * (size - x0) / (x1 - x0))
+
+    def as_dict(self) -> dict[int, float]:
+        return dict(zip(self.sizes, self.seconds, strict=True))
+
+
+def measure(
+    run: Callable[[int], None], sizes: list[int], device: torch.device, repeats: int = 3
+) -> CostCurve:
+    """Median seconds of `run(size)` per size, after one warm-up call each."""
+    points = {}
+    for size in sizes:
+        run(size)
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            run(size)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+        points[size] = sorted(times)[len(times) // 2]
+    return CostCurve(points)
+
+
+class BudgetPolicy:
+    def __init__(
+        self, budgets: list[int], verify: CostCurve, draft: CostCurve, explore_every: int = 20
+    ) -> None:
+        self.budgets = sorted(budgets)
+        self.verify, self.draft = verify, draft
+        self.explore_every = explore_every
+        self.accept = dict.fromkeys(self.budgets, 0.0)
+        self.samples = dict.fromkeys(self.budgets, 0)
+        self.choices = 0
+        self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
+
+    def estimate(self, budget: int) -> float:
+        """Expected tokens per request per step at `budget` (optimistic while it is little tried)."""
+        if self.samples[budget] >= MIN_SAMPLES:
+            return self.accept[budget]
+        tried = [b for b in self.budgets if self.samples[b] >= MIN_SAMPLES]
+        larger = [self.accept[b] for b in tried if b > budget]
+        smaller = [self.accept[b] for b in tried if b < budget]
+        if larger:
+            return min(larger)  # a smaller tree is a subset of a larger one: it accepts no more
+        return 2 * max(smaller) if smaller else float(budget + 1)
+
+    def throughput(self, running: int, budget: int) -> float:
+        seconds = self.draft(running) + self.verify(running * (budget + 1))
+        return running * self.estimate(budget) / max(seconds, 1e-9)
+
+    def choose(self, running: int) -> int:
+        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b))
+        self.choices += 1
+        explore = len(ranked) > 1 and self.choices % self.explore_every == 0
+        choice = ranked[1] if explore else ranked[0]
+        self.last_choice[running] = choice
+        return choice
+
+    def observe(self, budget: int, accept_lengths: list[int]) -> None:
+        """Fold in one step at `budget`: the tokens each running request committed."""
+        mean = sum(accept_lengths) / len(accept_lengths)
+        count = self.samples[budget]
+        self.accept[budget] = mean if count == 0 else (1 - EWMA) * self.accept[budget] + EWMA * mean
+        self.samples[budget] = count + 1
+
+    def describe(self) -> dict:
+        """What /server_info shows: both curves and the latest choice per running count."""
+        return {
+            "budgets": self.budgets,
+            "verify_ms_by_tokens": {n: round(1e3 * s, 3) for n, s in self.verify.as_dict().items()},
+            "draft_ms_by_rows": {n: round(1e3 * s, 3) for n, s in self.draft.as_dict().items()},
+            "accept_length_by_budget": {b: round(self.accept[b], 3) for b in self.budgets if self.samples[b]},
+            "steps_by_budget": {b: self.samples[b] for b in self.budgets},
+            "chosen_by_running": dict(sorted(self.last_choice.items())),
+        }
+
+
+@torch.inference_mode()
+def calibrate(
+    target: torch.nn.Module, drafter: torch.nn.Module, budgets: list[int], max_running: int
+) -> BudgetPolicy:
+    """Measure the cost curves on the engine's own models (a few seconds) and return a fresh policy."""
+    device = target.embed_tokens.weight.device
+    most = max_running * (max(budgets) + 1)
+    vocab = target.config.vocab_size
+
+    def verify(tokens: int) -> None:
+        ids = torch.randint(0, vocab, (1, tokens), device=device)
+        target(ids, torch.arange(tokens, device=device)[None])
+
+    width = len(drafter.target_layer_ids) * target.config.hidden_size
+    block = drafter.block_size
+
+    def draft(rows: int) -> None:
+        noise = torch.randn(
+            rows, block, target.config.hidden_size, device=device, dtype=target.embed_tokens.weight.dtype
+        )
+        context = torch.zeros(rows, 1, width, device=device, dtype=noise.dtype)
+        drafter(noise, context, torch.arange(block + 1, device=device)[None])
+
+    verify_curve = measure(verify, sorted({*powers_of_two(most), most}), device)
+    draft_curve = measure(draft, sorted({*powers_of_two(max_running), max_running}), device)
+    return BudgetPolicy(budgets, verify_curve, draft_curve)
