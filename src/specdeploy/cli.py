@@ -7,11 +7,12 @@ import sys
 import typer
 
 from specdeploy import demo
+from specdeploy import generate as generate_command
 from specdeploy.bench import commands as bench_commands
 from specdeploy.campaign import commands as campaign_commands
 from specdeploy.deploy import commands as deploy_commands
-from specdeploy.engine import generate_command, lab_command
 from specdeploy.errors import SpecdeployError
+from specdeploy.lab import commands as lab_commands
 from specdeploy.lock import commands as lock_commands
 from specdeploy.perf import commands as perf_commands
 from specdeploy.plan import commands as plan_commands
@@ -47,7 +48,7 @@ app.command("profile")(perf_commands.profile)
 app.command("serve")(server_commands.serve)
 app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
-app.add_typer(lab_command.app, name="lab")
+app.add_typer(lab_commands.app, name="lab")
 app.command("demo")(demo.demo)
 deploy_commands.register(app)  # up, down, status, logs, image build
 plan_commands.register(app)  # plan, recipes

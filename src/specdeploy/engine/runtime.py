@@ -61,13 +61,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def resolve_path(name_or_path: str) -> Path:
-    """A local checkpoint directory, or a `zoo:NAME` model shipped with specdeploy."""
-    from specdeploy.zoo.registry import resolve_model_path
-
-    return Path(resolve_model_path(name_or_path))
-
-
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -86,8 +79,8 @@ def set_cpu_threads(threads: int | None) -> None:
 
 
 def load_engine(
-    target: str,
-    draft: str | None,
+    target: Path,
+    draft: Path | None,
     mode: str,
     budget: int | None = None,
     device: str = "cpu",
@@ -97,19 +90,17 @@ def load_engine(
     from specdeploy.engine.drafter import load_drafter
     from specdeploy.engine.loading import load_target
 
-    if mode != "ar" and draft is None and target.startswith("zoo:"):
-        draft = f"{target.removesuffix('/target')}/draft"  # a zoo pair brings its own drafter
     check_mode(mode, draft is not None, budget)
     torch_device = resolve_device(device)
     if torch_device.type == "cpu":
         set_cpu_threads(threads)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    target_path = resolve_path(target)
+    target_path = Path(target)
     model = load_target(target_path, device=torch_device, dtype=torch_dtype)
     drafter = None
     draft_path = None
     if mode != "ar":
-        draft_path = resolve_path(draft)
+        draft_path = Path(draft)
         drafter = load_drafter(draft_path, device=torch_device, dtype=torch_dtype)
         drafter.check_compatible(model.config)
     return Engine(

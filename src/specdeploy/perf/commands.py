@@ -57,7 +57,12 @@ def profile(
     elif target is None:
         raise SpecdeployError("give --target PATH (or zoo:NAME) or --random-shape NAME")
     else:
-        engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
+        from specdeploy.zoo.registry import resolve_models
+
+        target_path, draft_path = resolve_models(target, draft, mode, budget)
+        engine = load_engine(
+            target_path, draft_path, mode, budget, device=device, dtype=dtype, threads=threads
+        )
         model, drafter = engine.decoder.target, engine.decoder.drafter
     prompt = random_prompt(model.config.vocab_size, prompt_tokens)
     result = profile_decoding(model, drafter, mode, budget, prompt, new_tokens)

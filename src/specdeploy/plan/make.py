@@ -93,7 +93,7 @@ def make_plan(
     warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
     if reference:
-        argv = _reference_argv(recipe, mode, budget, drafter, port)
+        argv = _reference_argv(recipe, mode, budget, drafter, port, running)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
         attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
@@ -339,10 +339,11 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
 
 
 def _reference_argv(
-    recipe: Recipe, mode: str, budget: int | None, drafter: ModelFacts | None, port: int
+    recipe: Recipe, mode: str, budget: int | None, drafter: ModelFacts | None, port: int, running: int
 ) -> list[str]:
-    """`specdeploy serve` has no concurrency or context flags: the limits only size the memory table."""
+    """`specdeploy serve` batches up to `running` requests; it has no context flag (the model's own)."""
     argv = [*REFERENCE_LAUNCH, "--target", recipe.target.path, "--mode", mode]
+    argv += ["--max-running-requests", str(running)]
     if drafter is not None:
         argv += ["--draft", drafter.path]
     if budget is not None:

@@ -61,6 +61,7 @@ def serve(
     from specdeploy.server.guard import HttpGuard
     from specdeploy.server.launch import check_port_free, is_loopback, serve_engine
     from specdeploy.server.service import ServerConfig
+    from specdeploy.zoo.registry import resolve_models
 
     if max_queued_requests < 1:
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
@@ -84,7 +85,10 @@ def serve(
             err=True,
         )
     check_port_free(host, port)
-    engine = load_engine(target, draft, mode, tree_budget, device=device, dtype=dtype, threads=threads)
+    target_path, draft_path = resolve_models(target, draft, mode, tree_budget)
+    engine = load_engine(
+        target_path, draft_path, mode, tree_budget, device=device, dtype=dtype, threads=threads
+    )
     policy = None
     if adaptive:
         from specdeploy.engine.budget import calibrate, powers_of_two

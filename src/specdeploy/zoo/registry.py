@@ -97,3 +97,16 @@ def resolve_model_path(name_or_path: str, models_dir: Path = MODELS_DIR) -> Path
         name, role = name.removesuffix("-draft"), "draft"
     target_dir, draft_dir = resolve_pair(name, models_dir)
     return target_dir if role == "target" else draft_dir
+
+
+def resolve_models(
+    target: str, draft: str | None, mode: str, budget: int | None = None
+) -> tuple[Path, Path | None]:
+    """Command-line model names -> directories, after checking the mode and budget: `zoo:NAME` (a zoo
+    target brings its own drafter when the mode needs one) or checkpoint paths."""
+    from specdeploy.engine.decode import check_mode
+
+    if mode != "ar" and draft is None and target.startswith(ZOO_PREFIX):
+        draft = f"{target.removesuffix('/target')}/draft"
+    check_mode(mode, draft is not None, budget)
+    return resolve_model_path(target), None if draft is None else resolve_model_path(draft)

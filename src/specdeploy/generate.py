@@ -34,6 +34,7 @@ def generate(
     """Generate from one prompt with the reference engine and print the text and decoding statistics."""
     from specdeploy.engine.runtime import load_engine
     from specdeploy.engine.sampling import SamplingParams
+    from specdeploy.zoo.registry import resolve_models
 
     if (prompt is None) == (prompt_file is None):
         raise SpecdeployError("give exactly one of --prompt TEXT or --prompt-file F")
@@ -49,7 +50,8 @@ def generate(
         seed=seed,
         ignore_eos=ignore_eos,
     )
-    engine = load_engine(target, draft, mode, budget, device=device, dtype=dtype, threads=threads)
+    target_path, draft_path = resolve_models(target, draft, mode, budget)
+    engine = load_engine(target_path, draft_path, mode, budget, device=device, dtype=dtype, threads=threads)
     prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
     result = engine.decoder.generate(prompt_ids, params)
     text = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -1,4 +1,4 @@
-"""`specdeploy lab ...`: experiments with the reference engine (see engine/lab.py)."""
+"""`specdeploy lab ...`: experiments with the reference engine (see lab/hybrid_tree.py)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def parse_budgets(text: str) -> list[int]:
 
 def lab_prompts(target_path: Path, target, drafter, count: int, seed: int) -> tuple[list[list[int]], str]:
     """The zoo's built-in code prompts when the target has a tokenizer, else seeded random tokens."""
-    from specdeploy.engine.lab import random_prompts
     from specdeploy.engine.runtime import load_tokenizer
+    from specdeploy.lab.hybrid_tree import random_prompts
     from specdeploy.zoo.prompts import DEMO_PROMPTS
 
     if count < 1:
@@ -61,18 +61,19 @@ def hybrid_tree(
 ) -> None:
     """DDTree on a hybrid target with exact per-node recurrent state and with a naive engine's leaky order."""
     from specdeploy.engine.drafter import load_drafter
-    from specdeploy.engine.lab import check_hybrid, hybrid_tree_experiment
     from specdeploy.engine.loading import load_target
-    from specdeploy.engine.runtime import resolve_device, resolve_dtype, resolve_path
+    from specdeploy.engine.runtime import resolve_device, resolve_dtype
     from specdeploy.engine.sampling import SamplingParams
+    from specdeploy.lab.hybrid_tree import check_hybrid, hybrid_tree_experiment
+    from specdeploy.zoo.registry import resolve_models
 
     budget_list = parse_budgets(budgets)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    target_path = resolve_path(target)
+    target_path, draft_path = resolve_models(target, draft, "dflash")  # any mode that needs the drafter
     model = load_target(target_path, device=torch_device, dtype=torch_dtype)
     check_hybrid(model)
-    drafter = load_drafter(resolve_path(draft), device=torch_device, dtype=torch_dtype)
+    drafter = load_drafter(draft_path, device=torch_device, dtype=torch_dtype)
     drafter.check_compatible(model.config)
     prompt_ids, source = lab_prompts(target_path, model, drafter, prompts, seed)
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
