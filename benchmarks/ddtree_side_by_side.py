@@ -28,8 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from specdeploy.engine.drafter import load_drafter  # noqa: E402
-from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402

@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
-from specdeploy.engine.drafter import load_drafter  # noqa: E402
-from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.zoo.prompts import held_out_prompts  # noqa: E402
 from specdeploy.zoo.registry import get_pair  # noqa: E402
 from specdeploy.zoo.tokenizer import load_tokenizer  # noqa: E402

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from transformers import DeepseekV3Config, Qwen3Config, Qwen3MoeConfig
 
-from specdeploy.engine.drafter import DFlashDrafter, save_drafter
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.loading import save_drafter
 
 HIDDEN = 32
 

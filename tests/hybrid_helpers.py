@@ -8,7 +8,8 @@ import torch
 from decode_helpers import HIDDEN, drafter_config
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from specdeploy.engine.drafter import DFlashDrafter, save_drafter
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.loading import save_drafter
 
 VOCAB = 64
 SHAPE = dict(

@@ -10,8 +10,7 @@ from test_decode import RUNS, SAMPLING, chi_square_p, exact_three_token_distribu
 
 from specdeploy.engine.batch import BatchEngine
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.errors import SpecdeployError
 
 FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "qwen3_next"]

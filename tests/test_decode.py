@@ -10,8 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from specdeploy.engine import step as step_module
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.sampling import sample, sampling_probs
 from specdeploy.engine.step import StepRunner
 from specdeploy.engine.tree import TreeBatch, ancestor_matrix, walk

@@ -13,8 +13,7 @@ import torch
 from decode_helpers import write_pair
 
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdeploy.cli import main
-from specdeploy.engine.drafter import load_drafter, save_drafter
+from specdeploy.engine.loading import load_drafter, save_drafter
 
 
 @pytest.fixture

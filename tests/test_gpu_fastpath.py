@@ -10,8 +10,7 @@ from decode_helpers import write_pair
 
 from specdeploy.engine import ops
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,8 +11,7 @@ from transformers import Qwen3NextForCausalLM
 from tree_oracle import DraftTree
 
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.models.gated_delta_rule import RuleInputs, chunked_rule, tree_rule
 from specdeploy.engine.recurrent_state import conv_windows
 from specdeploy.errors import SpecdeployError

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.engine.decode import SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.errors import SpecdeployError
 from specdeploy.lab.commands import parse_budgets
 from specdeploy.lab.hybrid_tree import hybrid_tree_experiment, random_prompts

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
-from specdeploy.engine.drafter import load_drafter
+from specdeploy.engine.loading import load_drafter
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.byte_tokenizer import EOS_TOKEN_ID, MASK_TOKEN_ID
 from specdeploy.zoo.random_pair import FAMILIES, write_random_pair

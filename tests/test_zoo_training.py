@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specdeploy.engine.drafter import DFlashDrafter, load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.corpus import collect_corpus, is_held_out
 from specdeploy.zoo.pipeline import TrainSettings, drafter_config, train_zoo

@@ -1,4 +1,5 @@
-"""The DFlash block-diffusion drafter, loaded from and saved to z-lab's checkpoint format.
+"""The DFlash block-diffusion drafter (z-lab's design; its config in `drafter_config`, its checkpoints in
+`loading`).
 
 A small Qwen3-style stack without embedding or LM head (it borrows the target's). The target features of
 committed positions (K target layers, concatenated) pass through `fc` and `hidden_norm` and become extra
@@ -10,176 +11,20 @@ committed context's keys/values; the block's keys/values are used once and never
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from torch.nn import functional as F
 
 from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.drafter_config import DrafterSpec, draft_value, read_drafter_spec
 from specdeploy.engine.forward_batch import ForwardBatch, flat_slots
-from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU, load_checkpoint_state
+from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm, SwiGLU
 from specdeploy.engine.models.qwen3 import qk_norm_attention
 from specdeploy.engine.models.rope import Rope, RotaryEmbedding, rope_parameters
 from specdeploy.errors import SpecdeployError
-
-ARCHITECTURE = "DFlashDraftModel"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-
-
-class TargetConfigLike(Protocol):
-    hidden_size: int
-    num_hidden_layers: int
-    vocab_size: int
-
-
-def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default: spread the draft's context layers evenly from layer 1 to layer n-3 of the target."""
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-
-
-def new_drafter_config(
-    *,
-    hidden_size: int,
-    num_target_layers: int,
-    vocab_size: int,
-    mask_token_id: int,
-    block_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    rope_theta: float,
-    rope_scaling: dict[str, Any] | None = None,
-    rms_norm_eps: float = 1e-6,
-) -> dict[str, Any]:
-    """config.json of a new drafter for a target, laid out as z-lab's published checkpoints are."""
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "qwen3",
-        "hidden_size": hidden_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": intermediate_size,
-        "hidden_act": "silu",
-        "rms_norm_eps": rms_norm_eps,
-        "attention_bias": False,
-        "max_position_embeddings": max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": rope_scaling,
-        "vocab_size": vocab_size,
-        "tie_word_embeddings": False,
-        "num_target_layers": num_target_layers,
-        "block_size": block_size,
-        "dflash_config": {
-            "target_layer_ids": build_target_layer_ids(num_target_layers, num_layers),
-            "mask_token_id": mask_token_id,
-        },
-    }
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """What the layers need to know, read from a z-lab config.json."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    hidden_act: str
-    rms_norm_eps: float
-    attention_bias: bool
-    layer_types: list[str]
-    sliding_window: int | None
-    is_causal: bool | None  # None: causal exactly in the sliding layers
-    num_target_layers: int | None
-    target_layer_ids: list[int]
-    block_size: int
-    mask_token_id: int
-    max_position_embeddings: int
-
-
-def _draft_value(config: dict[str, Any], name: str, default: Any = None) -> Any:
-    """dflash looks in `dflash_config` first, then at the top level."""
-    return (config.get("dflash_config") or {}).get(name, config.get(name, default))
-
-
-def _required(config: dict[str, Any], name: str) -> Any:
-    if config.get(name) is None:
-        raise SpecdeployError(f"drafter config.json has no {name!r}: is this a DFlash drafter checkpoint?")
-    return config[name]
-
-
-def read_drafter_spec(config: dict[str, Any]) -> DrafterSpec:
-    hidden_size = int(_required(config, "hidden_size"))
-    num_layers = int(_required(config, "num_hidden_layers"))
-    num_heads = int(_required(config, "num_attention_heads"))
-    num_target_layers = config.get("num_target_layers")
-    target_layer_ids = _draft_value(config, "target_layer_ids")
-    if target_layer_ids is None:
-        if num_target_layers is None:
-            raise SpecdeployError(
-                "drafter config.json has neither dflash_config.target_layer_ids nor num_target_layers"
-            )
-        target_layer_ids = build_target_layer_ids(int(num_target_layers), num_layers)
-    mask_token_id = _draft_value(config, "mask_token_id")
-    if mask_token_id is None:
-        raise SpecdeployError("drafter config.json has no dflash_config.mask_token_id")
-    # Qwen3Config semantics (what dflash loads through): the window exists only with use_sliding_window.
-    sliding_window = config.get("sliding_window") if config.get("use_sliding_window") else None
-    layer_types = config.get("layer_types") or [
-        "sliding_attention"
-        if sliding_window is not None and i >= config.get("max_window_layers", 28)
-        else "full_attention"
-        for i in range(num_layers)
-    ]
-    if len(layer_types) != num_layers:
-        raise SpecdeployError(
-            f"drafter config.json has {len(layer_types)} layer_types for {num_layers} layers"
-        )
-    unknown_types = set(layer_types) - {"full_attention", "sliding_attention"}
-    if unknown_types:
-        raise SpecdeployError(f"drafter layer_types {sorted(unknown_types)} are not supported")
-    hidden_act = config.get("hidden_act", "silu")
-    if hidden_act != "silu":
-        raise SpecdeployError(f"drafter hidden_act {hidden_act!r} is not supported: DFlash drafters use silu")
-    is_causal = config.get("is_causal")
-    return DrafterSpec(
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-        head_dim=int(config.get("head_dim") or hidden_size // num_heads),
-        intermediate_size=int(_required(config, "intermediate_size")),
-        hidden_act=hidden_act,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        attention_bias=bool(config.get("attention_bias", False)),
-        layer_types=list(layer_types),
-        sliding_window=int(sliding_window) if sliding_window is not None else None,
-        is_causal=None if is_causal is None else bool(is_causal),
-        num_target_layers=int(num_target_layers) if num_target_layers is not None else None,
-        target_layer_ids=[int(i) for i in target_layer_ids],
-        block_size=int(_draft_value(config, "block_size", 16)),
-        mask_token_id=int(mask_token_id),
-        max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
-    )
 
 
 class DraftAttention(nn.Module):
@@ -227,6 +72,12 @@ class DraftAttention(nn.Module):
         return self.o_proj(qk_norm_attention(self, q, k, v, batch, cache))
 
 
+class TargetConfigLike(Protocol):
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+
+
 def layer_visibility(
     query_positions: torch.Tensor, key_positions: torch.Tensor, is_causal: bool, sliding_window: int | None
 ) -> torch.Tensor:
@@ -252,9 +103,9 @@ class DFlashDrafter(nn.Module):
         self.mask_token_id = spec.mask_token_id
         self.target_layer_ids = spec.target_layer_ids
         self.hidden_size = spec.hidden_size
-        self.input_embedding_scale = float(_draft_value(config, "input_embedding_scale", 1.0))
-        self.output_multiplier = float(_draft_value(config, "output_multiplier", 1.0))
-        softcap = _draft_value(config, "final_logit_softcapping")
+        self.input_embedding_scale = float(draft_value(config, "input_embedding_scale", 1.0))
+        self.output_multiplier = float(draft_value(config, "output_multiplier", 1.0))
+        softcap = draft_value(config, "final_logit_softcapping")
         self.final_logit_softcapping = float(softcap) if softcap else None
         self.layers = nn.ModuleList(
             DecoderLayer(DraftAttention(spec, i), SwiGLU(spec.hidden_size, spec.intermediate_size),
@@ -427,92 +278,3 @@ class DFlashDrafter(nn.Module):
                 raise SpecdeployError(
                     f"attention_mask must be [B or 1, {length}, {keys}] bool, got {list(attention_mask.shape)}"
                 )
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    config_path = path / "config.json"
-    if not path.is_dir():
-        raise SpecdeployError(f"drafter path {path} is not a directory: download the checkpoint there first")
-    if not config_path.is_file():
-        raise SpecdeployError(f"drafter directory {path} has no config.json: is it a checkpoint directory?")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecdeployError(f"{config_path} is not valid JSON ({exc}): re-download the checkpoint") from exc
-    architectures = config.get("architectures") or []
-    if ARCHITECTURE not in architectures:
-        raise SpecdeployError(
-            f"{config_path} declares architectures {architectures}, not [{ARCHITECTURE!r}]: "
-            "pass a DFlash drafter checkpoint (DFlash2 drafters are not supported)"
-        )
-    return config
-
-
-def _weight_files(path: Path) -> list[Path]:
-    index = path / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / shard for shard in shards]
-    else:
-        files = [path / WEIGHTS_FILE]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise SpecdeployError(
-            f"drafter directory {path} lacks weight file(s) {missing}: the download is incomplete"
-        )
-    return files
-
-
-def _read_weights(files: Iterable[Path], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    weights = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as shard:
-            for name in shard.keys():
-                weights[name] = shard.get_tensor(name).to(dtype)
-    return weights
-
-
-def _check_weights(drafter: DFlashDrafter, weights: dict[str, torch.Tensor], path: Path) -> None:
-    expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise SpecdeployError(
-            f"drafter weights in {path} do not match its config.json: missing {missing[:5]}"
-            f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
-        )
-    for name, tensor in expected.items():
-        if weights[name].shape != tensor.shape:
-            raise SpecdeployError(
-                f"drafter weight {name} in {path} has shape {list(weights[name].shape)}, "
-                f"config.json implies {list(tensor.shape)}"
-            )
-
-
-def load_drafter(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> DFlashDrafter:
-    """Load a z-lab DFlash checkpoint directory (config.json + safetensors), ready for inference."""
-    path = Path(path)
-    config = _read_config(path)
-    weights = _read_weights(_weight_files(path), dtype)
-    # Build on the meta device so that a multi-GB drafter is not first initialised at random.
-    with torch.device("meta"):
-        drafter = DFlashDrafter(config)
-    _check_weights(drafter, weights, path)
-    load_checkpoint_state(drafter, weights)
-    return drafter.to(device).eval()
-
-
-def save_drafter(drafter: DFlashDrafter, path: str | Path) -> None:
-    """Write config.json + model.safetensors in z-lab's format (dflash's from_pretrained loads it too)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype = next(drafter.parameters()).dtype
-    config = {**drafter.config, "architectures": [ARCHITECTURE], "dtype": str(dtype).removeprefix("torch.")}
-    config.setdefault("model_type", "qwen3")
-    if "torch_dtype" in config:
-        config["torch_dtype"] = config["dtype"]
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {name: t.detach().contiguous().cpu() for name, t in drafter.state_dict().items()}
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})

@@ -1,21 +1,25 @@
-"""Loading a target model from a Hugging Face checkpoint directory: config.json plus safetensors weights.
+"""Checkpoint directories: targets from Hugging Face's layout, DFlash drafters in z-lab's (read and written).
 
-The family comes from config.json's `architectures`. The model is built on the meta device and its
-parameters are then taken straight from the safetensors files (read onto `device`, cast to `dtype`), so
-no memory is spent on a random initialisation.
+A target's family comes from config.json's `architectures`. Models are built on the meta device and their
+parameters then taken straight from the safetensors files (read onto `device`, cast to `dtype`) by one
+reader that checks every name and shape, so no memory is spent on a random initialisation.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.drafter_config import ARCHITECTURE
 from specdeploy.engine.models.base import TargetConfig, TargetModel
 from specdeploy.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from specdeploy.engine.models.layers import load_checkpoint_state
@@ -73,8 +77,19 @@ def load_target(
             f"{root / 'config.json'} lacks {missing}, which {family.__name__} needs"
         ) from None
     device = torch.device(device)
+    expected = expected_shapes(model)
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")  # tied to the embedding after loading
+    state = read_weights(
+        root,
+        expected,
+        device,
+        dtype_of=lambda name: torch.float32 if name.endswith(model.keep_fp32) else dtype,
+        prefix=prefix,
+        ignorable=lambda name: is_ignorable(name, model),
+    )
     # Not strict: read_weights has checked every name and shape, and a tied lm_head is not stored.
-    load_checkpoint_state(model, read_weights(root, prefix, model, device, dtype), strict=False)
+    load_checkpoint_state(model, state, strict=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(device).eval().requires_grad_(False)
@@ -183,12 +198,18 @@ def weight_files(root: Path) -> dict[str, Path]:
 
 
 def read_weights(
-    root: Path, prefix: str, model: TargetModel, device: torch.device, dtype: torch.dtype
+    root: Path,
+    expected: dict[str, tuple[int, ...]],
+    device: torch.device,
+    dtype_of: Callable[[str], torch.dtype],
+    prefix: str = "",
+    ignorable: Callable[[str], bool] = lambda name: False,
 ) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under the model's parameter names, checked against the model's shapes."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        expected.pop("lm_head.weight")  # tied to the embedding after loading
+    """The checkpoint's tensors under the model's parameter names, checked against the `expected` shapes.
+
+    Stored names lose `prefix` (skipping other prefixes: a wrapper's other parts) and a leading `model.`;
+    stored tensors the model has no place for are an error unless `ignorable`.
+    """
     located: dict[str, tuple[str, Path]] = {}
     unexpected = []
     for stored, path in weight_files(root).items():
@@ -197,7 +218,7 @@ def read_weights(
         name = stored[len(prefix) :].removeprefix("model.")
         if name in expected:
             located[name] = (stored, path)
-        elif not is_ignorable(name, model):
+        elif not ignorable(name):
             unexpected.append(stored)
     absent = sorted(set(expected) - set(located))
     if absent:
@@ -224,9 +245,13 @@ def read_weights(
                         f"{stored} in {path.name} has shape {list(shape)} but config.json implies "
                         f"{list(expected[name])}: the weights do not match the config"
                     )
-                wanted = torch.float32 if name.endswith(model.keep_fp32) else dtype
-                state[name] = handle.get_tensor(stored).to(wanted)
+                state[name] = handle.get_tensor(stored).to(dtype_of(name))
     return state
+
+
+def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of a model (built on the meta device)."""
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def is_ignorable(name: str, model: TargetModel) -> bool:
@@ -240,3 +265,49 @@ def is_ignorable(name: str, model: TargetModel) -> bool:
     layers = model.config.num_hidden_layers
     prediction_layers = model.config.raw.get("num_nextn_predict_layers") or 0
     return extra is not None and layers <= int(extra.group(1)) < layers + prediction_layers
+
+
+# ------------------------------------------------------------------------------------------ drafters
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def read_drafter_config(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise SpecdeployError(f"drafter path {path} is not a directory: download the checkpoint there first")
+    config = read_json(path / "config.json", "the drafter configuration")
+    architectures = config.get("architectures") or []
+    if ARCHITECTURE not in architectures:
+        raise SpecdeployError(
+            f"{path / 'config.json'} declares architectures {architectures}, not [{ARCHITECTURE!r}]: "
+            "pass a DFlash drafter checkpoint (DFlash2 drafters are not supported)"
+        )
+    return config
+
+
+def load_drafter(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> DFlashDrafter:
+    """Load a z-lab DFlash checkpoint directory (config.json + safetensors), ready for inference."""
+    path = Path(path).expanduser()
+    config = read_drafter_config(path)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(config)
+    device = torch.device(device)
+    state = read_weights(path, expected_shapes(drafter), device, dtype_of=lambda name: dtype)
+    load_checkpoint_state(drafter, state)
+    return drafter.to(device).eval()
+
+
+def save_drafter(drafter: DFlashDrafter, path: str | Path) -> None:
+    """Write config.json + model.safetensors in z-lab's format (dflash's from_pretrained loads it too)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = next(drafter.parameters()).dtype
+    config = {**drafter.config, "architectures": [ARCHITECTURE], "dtype": str(dtype).removeprefix("torch.")}
+    config.setdefault("model_type", "qwen3")
+    if "torch_dtype" in config:
+        config["torch_dtype"] = config["dtype"]
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {name: t.detach().contiguous().cpu() for name, t in drafter.state_dict().items()}
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})

@@ -87,8 +87,7 @@ def load_engine(
     dtype: str = "auto",
     threads: int | None = None,
 ) -> Engine:
-    from specdeploy.engine.drafter import load_drafter
-    from specdeploy.engine.loading import load_target
+    from specdeploy.engine.loading import load_drafter, load_target
 
     check_mode(mode, draft is not None, budget)
     torch_device = resolve_device(device)

@@ -60,8 +60,7 @@ def hybrid_tree(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """DDTree on a hybrid target with exact per-node recurrent state and with a naive engine's leaky order."""
-    from specdeploy.engine.drafter import load_drafter
-    from specdeploy.engine.loading import load_target
+    from specdeploy.engine.loading import load_drafter, load_target
     from specdeploy.engine.runtime import resolve_device, resolve_dtype
     from specdeploy.engine.sampling import SamplingParams
     from specdeploy.lab.hybrid_tree import check_hybrid, hybrid_tree_experiment

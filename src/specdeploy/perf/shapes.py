@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.engine.drafter import new_drafter_config
+from specdeploy.engine.drafter_config import new_drafter_config
 from specdeploy.errors import SpecdeployError
 
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy.engine.decode import Decoder, GenerationResult, SamplingParams
-from specdeploy.engine.drafter import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.errors import SpecdeployError
 
 

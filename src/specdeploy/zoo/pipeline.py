@@ -25,7 +25,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from specdeploy.engine.drafter import DFlashDrafter, build_target_layer_ids, load_drafter, save_drafter
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.drafter_config import build_target_layer_ids
+from specdeploy.engine.loading import load_drafter, save_drafter
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.archive import archive_pair
 from specdeploy.zoo.checkpoint import bf16_state_dict, save_atomically

@@ -23,7 +23,9 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from specdeploy.engine.drafter import DFlashDrafter, new_drafter_config, save_drafter
+from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.drafter_config import new_drafter_config
+from specdeploy.engine.loading import save_drafter
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.byte_tokenizer import EOS_TOKEN_ID, MASK_TOKEN_ID, VOCAB_SIZE, write_byte_tokenizer
 
