@@ -297,10 +297,14 @@ def test_dry_run_prints_the_ordered_starts_and_cells(tmp_path: Path) -> None:
 
 def test_cpu_example_is_a_valid_small_campaign() -> None:
     from specdeploy.campaign.spec import load_campaign
+    from specdeploy.recipes import load_recipe
 
     example = load_campaign(Path(__file__).parent.parent / "examples" / "campaign-cpu-zoo.toml")
     assert [s.id for s in server_configs(example)] == ["tp1-ar", "tp1-dflash", "tp1-ddtree-b16"]
-    assert example.num_prompts == 4 and example.max_new_tokens == 32 and example.concurrency == [1, 2]
+    # a sweep from one request up to the batch the recipe's server runs, with a prompt for every slot
+    recipe = load_recipe(example.recipe)
+    assert example.concurrency[0] == 1 and example.concurrency == sorted(example.concurrency)
+    assert max(example.concurrency) == recipe.default_max_running_requests <= example.num_prompts
 
 
 def test_a_launcher_that_cannot_run_the_plans_is_refused_before_anything_starts(tmp_path: Path) -> None:
