@@ -262,7 +262,9 @@ def test_load_errors_say_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(SpecdeployError, match="lack 1[0-9] tensors the config implies, e.g. layers.2"):
         load_drafter(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(tiny_config(intermediate_size=40)))
-    with pytest.raises(SpecdeployError, match="mlp.* has shape \\[.*48.*\\] but config.json implies \\[.*40.*\\]"):
+    with pytest.raises(
+        SpecdeployError, match="mlp.* has shape \\[.*48.*\\] but config.json implies \\[.*40.*\\]"
+    ):
         load_drafter(tmp_path)
 
 

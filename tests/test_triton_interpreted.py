@@ -23,7 +23,7 @@ CHECKS = textwrap.dedent(
     from specdeploy.engine import ops, triton_kernels as tk
     from specdeploy.engine.models.rope import RotaryEmbedding
     from specdeploy.engine.tree import TreeBatch, best_first_tree
-    from tree_oracle import heap_best_first_tree, tree_from_batch
+    from tree_oracle import certify_best_first, tree_from_batch
 
     torch.manual_seed(0)
 
@@ -67,7 +67,7 @@ CHECKS = textwrap.dedent(
         want = best_first_tree(root, logprobs, budget)
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)
-        assert tree_from_batch(got).paths() == heap_best_first_tree(logprobs[0], budget).paths()
+        certify_best_first(tree_from_batch(got), logprobs[0], budget)
     from specdeploy.engine.forward_batch import ForwardBatch
     from specdeploy.engine.models.layers import attend_folded
 

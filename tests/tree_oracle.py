@@ -1,12 +1,11 @@
-"""Host-side draft trees for tests: a plain tree type and DDTree's best-first heap (the reference construction).
+"""Host-side draft trees for tests: a plain tree type, the accept walk as the DDTree paper states it, and an
+optimality certificate for best-first trees.
 
-The engine builds trees as batched device tensors (`specdeploy.engine.tree`); these are the independent
-oracle the tests compare it with, written as the DDTree paper and its reference code describe them.
+The engine builds trees as batched device tensors (`specdeploy.engine.tree`); these are independent of it.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import torch
@@ -72,34 +71,6 @@ def tree_from_batch(tree: TreeBatch, row: int = 0) -> DraftTree:
     )
 
 
-def heap_best_first_tree(draft_logprobs: torch.Tensor, budget: int) -> DraftTree:
-    """The DDTree reference construction: a heap of (depth, rank) candidates scored by the sum of log q;
-    each pop adds a node and pushes its next sibling and its first child."""
-    depth_limit, vocab = draft_logprobs.shape
-    width = min(budget, vocab)
-    top_logp, top_tokens = torch.topk(draft_logprobs.float(), width, dim=-1)
-    top_logp, top_tokens = top_logp.tolist(), top_tokens.tolist()
-    tree = DraftTree(tokens=[], parents=[], depths=[])
-    if depth_limit == 0 or budget < 1:
-        return tree
-    heap = [(-top_logp[0][0], 0, 1, 0, 0, 0.0)]  # (-score, order, depth, rank, parent, parent score)
-    order = 1
-    while heap and tree.size < budget:
-        neg_score, _, depth, rank, parent, parent_score = heapq.heappop(heap)
-        tree.tokens.append(top_tokens[depth - 1][rank])
-        tree.parents.append(parent)
-        tree.depths.append(depth)
-        node, score = tree.size, -neg_score
-        if rank + 1 < width:
-            sibling = -(parent_score + top_logp[depth - 1][rank + 1])
-            heapq.heappush(heap, (sibling, order, depth, rank + 1, parent, parent_score))
-            order += 1
-        if depth < depth_limit:
-            heapq.heappush(heap, (-(score + top_logp[depth][0]), order, depth + 1, 0, node, score))
-            order += 1
-    return tree
-
-
 def accept_path(tree: DraftTree, target_token_at) -> tuple[list[int], int]:
     """Walk from the root into the child whose token is the target's own token at the current node."""
     kids = tree.children()
@@ -110,3 +81,27 @@ def accept_path(tree: DraftTree, target_token_at) -> tuple[list[int], int]:
         if child is None:
             return path, token
         path.append(child)
+
+
+def path_score(logprobs: torch.Tensor, path: tuple[int, ...]) -> float:
+    return sum(float(logprobs[d, t]) for d, t in enumerate(path))
+
+
+def certify_best_first(tree: DraftTree, logprobs: torch.Tensor, budget: int) -> None:
+    """Assert that `tree` holds `budget` (or all) prefixes with the highest scores, whatever the vocabulary.
+
+    Scores fall along a path, so every prefix outside the tree either has an unselected ancestor or is an
+    unselected child of the root or of a tree node; checking that no such child beats the tree's worst prefix
+    proves optimality (ties may go either way).
+    """
+    depth_limit, vocab = logprobs.shape
+    paths = tree.paths()
+    assert len(paths) == tree.size == min(budget, sum(vocab**d for d in range(1, depth_limit + 1)))
+    worst = min(path_score(logprobs, p) for p in paths)
+    for parent in [(), *paths]:
+        if len(parent) == depth_limit:
+            continue
+        scores = path_score(logprobs, parent) + logprobs[len(parent)]
+        outside = [t for t in range(vocab) if (*parent, t) not in paths]
+        if outside:
+            assert float(scores[outside].max()) <= worst + 1e-6, (parent, float(scores[outside].max()), worst)

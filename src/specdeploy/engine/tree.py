@@ -7,6 +7,7 @@ here synchronises with the host, so a decoding step can be captured as a CUDA gr
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -71,49 +72,68 @@ def chain_tree(root: torch.Tensor, tokens: torch.Tensor) -> TreeBatch:
 def best_first_tree(root: torch.Tensor, logprobs: torch.Tensor, budget: int) -> TreeBatch:
     """The `budget` prefixes with the highest product of per-depth draft marginals (DDTree).
 
-    logprobs [B, L, V] holds log q_d for depths 1..L from one drafter pass. A prefix's score is the sum of
-    log q along it, so extending a prefix never raises its score: the best `budget` prefixes form a tree,
-    and those at depth d extend the best `budget` at depth d - 1 by one of the best min(budget, V) tokens
-    of depth d. Depth by depth the best `budget` extensions are kept; the tree is the best `budget` of all
-    those candidates, ties going to the shallower one (so a parent always precedes its child), in depth
-    order. Trees with fewer candidates than `budget` are padded with invalid nodes.
+    logprobs [B, L, V] holds log q_d for depths 1..L from one drafter pass. Only the best min(budget, V)
+    tokens of each depth can be used. On CUDA one Triton kernel selects the tree (`triton_kernels`); elsewhere
+    the reference construction runs on the host, where a heap costs less than many small tensor operations.
+    Nodes come in depth order (parents first); trees with fewer prefixes than `budget` are padded with
+    invalid nodes.
     """
     batch, depth_limit, vocab = logprobs.shape
-    device = logprobs.device
     width = min(budget, vocab)
     top_logp, top_tokens = torch.topk(logprobs.float(), width, dim=-1)
     kernels = ops.triton_kernels_for(logprobs)
-    if kernels is not None:  # the same selection in one kernel launch
+    if kernels is not None:
         return TreeBatch(*kernels.best_first_tree(root, top_logp, top_tokens, budget))
-    scores, parents, tokens, depths = [top_logp[:, 0]], [], [top_tokens[:, 0]], [width]
-    parents.append(torch.full_like(top_tokens[:, 0], -1))  # -1: the root
-    offset = 0  # index of the previous depth's first candidate among all candidates
-    for depth in range(1, depth_limit):
-        extended = scores[-1][:, :, None] + top_logp[:, depth, None, :]
-        best, index = torch.topk(extended.flatten(1), min(budget, extended[0].numel()), dim=-1)
-        scores.append(best)
-        parents.append(offset + index // width)
-        tokens.append(top_tokens[:, depth].gather(1, index % width))
-        offset += depths[-1]
-        depths.append(best.shape[1])
-    candidates = sum(depths)
-    size = min(budget, candidates)
-    # fills, not a tensor from a host list: nothing here may copy from the host inside a CUDA graph
-    depth_of = torch.cat([torch.full((n,), d + 1, device=device) for d, n in enumerate(depths)])
-    order = torch.sort(torch.cat(scores, dim=1), dim=1, descending=True, stable=True).indices[:, :size]
-    chosen = torch.sort(order, dim=1).values  # depth order, so parents come before their children
-    node_of = torch.zeros(batch, candidates + 1, dtype=torch.long, device=device)  # last column: the root
-    node_of[:, :candidates].scatter_(1, chosen, torch.arange(1, size + 1, device=device).expand(batch, -1))
-    parent_candidate = torch.cat(parents, dim=1).gather(1, chosen)
-    node_parents = node_of.gather(1, torch.where(parent_candidate < 0, candidates, parent_candidate))
-    zeros = torch.zeros(batch, budget - size, dtype=torch.long, device=device)
-    tree_parents = torch.cat([torch.zeros_like(root)[:, None], node_parents, zeros], dim=1)
+    rows = [heap_tree(logp, tokens, budget) for logp, tokens in zip(top_logp.tolist(), top_tokens.tolist(), strict=True)]
+    device = logprobs.device
+    pad = [[0] * (budget - len(row[0])) for row in rows]
+    tree_parents = torch.tensor([[0, *row[1], *p] for row, p in zip(rows, pad, strict=True)], device=device)
     return TreeBatch(
-        tokens=torch.cat([root[:, None], torch.cat(tokens, dim=1).gather(1, chosen), zeros], dim=1),
+        tokens=torch.tensor(
+            [[r, *row[0], *p] for r, row, p in zip(root.tolist(), rows, pad, strict=True)], device=device
+        ),
         parents=tree_parents,
-        depths=torch.cat([torch.zeros_like(root)[:, None], depth_of[chosen], zeros], dim=1),
-        valid=torch.arange(budget + 1, device=device).expand(batch, -1) <= size,
+        depths=torch.tensor([[0, *row[2], *p] for row, p in zip(rows, pad, strict=True)], device=device),
+        valid=torch.tensor(
+            [[True] * (1 + len(row[0])) + [False] * len(p) for row, p in zip(rows, pad, strict=True)],
+            device=device,
+        ),
         ancestors=ancestor_matrix(tree_parents, depth_limit),
+    )
+
+
+def heap_tree(
+    top_logp: list[list[float]], top_tokens: list[list[int]], budget: int
+) -> tuple[list[int], list[int], list[int]]:
+    """DDTree's best-first construction for one row: (tokens, parents, depths) of nodes 1..N in depth order.
+
+    A heap holds candidates scored by the sum of log q along their path; popping one adds it to the tree
+    and pushes its next sibling (same parent, next-ranked token) and its first child (next depth, best
+    token). Pops come out best first, so parents precede children; nodes are then sorted by depth.
+    """
+    depth_limit, width = len(top_logp), len(top_logp[0])
+    nodes: list[tuple[int, int, int]] = []  # (token, parent, depth); parent 0 is the root
+    heap = [(-top_logp[0][0], 0, 1, 0, 0, 0.0)]  # (-score, order, depth, rank, parent, parent score)
+    order = 1
+    while heap and len(nodes) < budget:
+        neg_score, _, depth, rank, parent, parent_score = heapq.heappop(heap)
+        nodes.append((top_tokens[depth - 1][rank], parent, depth))
+        node, score = len(nodes), -neg_score
+        if rank + 1 < width:
+            sibling = -(parent_score + top_logp[depth - 1][rank + 1])
+            heapq.heappush(heap, (sibling, order, depth, rank + 1, parent, parent_score))
+            order += 1
+        if depth < depth_limit:
+            heapq.heappush(heap, (-(score + top_logp[depth][0]), order, depth + 1, 0, node, score))
+            order += 1
+    # renumber in depth order (stable, so parents, popped earlier, still precede their children)
+    by_depth = sorted(range(len(nodes)), key=lambda i: nodes[i][2])
+    new_index = {old + 1: new + 1 for new, old in enumerate(by_depth)}
+    new_index[0] = 0
+    return (
+        [nodes[i][0] for i in by_depth],
+        [new_index[nodes[i][1]] for i in by_depth],
+        [nodes[i][2] for i in by_depth],
     )
 
 
