@@ -36,7 +36,7 @@ from specdeploy.bench.workloads import DATASETS
 from specdeploy.deploy.deployment import DEFAULT_HEALTH_TIMEOUT_S
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.launch_plan import Mode
+from specdeploy.modes import Mode
 
 
 class _Strict(BaseModel):

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specdeploy.engine.sampling import SamplingParams, UniformStream
-from specdeploy.engine.step import MODES, StepRunner
+from specdeploy.engine.step import StepRunner
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import ENGINE_MODES
+from specdeploy.modes import check_mode as check_budget
 
-__all__ = ["MODES", "Decoder", "GenerationResult", "SamplingParams", "Step"]
+__all__ = ["Decoder", "GenerationResult", "SamplingParams", "Step"]
 
 
 @dataclass
@@ -70,17 +72,12 @@ class StopRules:
 
 
 def check_mode(mode: str, has_drafter: bool, budget: int | None) -> None:
-    """The one check of a (mode, drafter, budget) combination, for every entry point."""
-    if mode not in MODES:
-        raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+    """What the reference engine needs of a (mode, drafter, budget) combination, for every entry point."""
+    check_budget(mode, budget, ENGINE_MODES)
     if mode != "ar" and not has_drafter:
         raise SpecdeployError(f"mode {mode!r} needs a DFlash drafter (--draft PATH)")
-    if mode == "ddtree" and (budget is None or budget < 1):
-        raise SpecdeployError(
-            f"ddtree needs a budget of at least 1 draft node (--budget N, e.g. 32), got {budget}"
-        )
-    if mode != "ddtree" and budget is not None:
-        raise SpecdeployError(f"the budget (--budget) is DDTree's node count; mode {mode} takes none")
+    if mode == "ddtree" and budget is None:
+        raise SpecdeployError("ddtree needs a budget of at least 1 draft node (--budget N, e.g. 32)")
 
 
 class Decoder:

@@ -36,7 +36,6 @@ from specdeploy.engine.sampling import (
 from specdeploy.engine.tree import Acceptance, TreeBatch, best_first_tree, chain_tree, walk
 from specdeploy.errors import SpecdeployError
 
-MODES = ("ar", "dflash", "ddtree")
 TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part of commit
 
 
@@ -83,6 +82,7 @@ class Row:
     prefix: int  # committed positions in the cache: the root's position
     prompt_len: int
     params: SamplingParams
+    context: int = 0  # committed positions whose target features the drafter has not seen yet
 
 
 class StepRunner:
@@ -316,7 +316,11 @@ class StepRunner:
         greedy = all(row.params.greedy for row in self.running)
         if self.drafter is not None:
             draft_window = self.window(max(prefixes) + self.block)
-            self._timed("draft", ("draft", active, draft_window), lambda: self._draft(active, draft_window))
+            # Graphs need a fixed shape (the whole block); run eagerly, only the features still unseen.
+            context = self.block if self.graphs.enabled else max(row.context for row in self.running)
+            self._timed(
+                "draft", ("draft", active, draft_window), lambda: self._draft(active, draft_window, context)
+            )
         chain_sampling = not greedy and self.mode == "dflash"
         self._timed("tree", ("tree", active, size), lambda: self._build_tree(active, size, greedy),
                     eager=chain_sampling)  # fmt: skip
@@ -338,6 +342,7 @@ class StepRunner:
                 for recurrent in self.cache.recurrent.values():
                     recurrent.keep(kept)
             state.prefix += count
+            state.context = count
             results.append((line[1 : 1 + count], size + 1))
         if self.timer is not None:
             for name, start, end in self._events:  # complete: the step has synchronised
@@ -379,11 +384,13 @@ class StepRunner:
         index = (base + offsets).expand(active, -1).clamp(max=table.shape[1] - 1)
         return table.gather(1, index)
 
-    def _draft(self, active: int, window: int) -> None:
+    def _draft(self, active: int, window: int, context: int) -> None:
+        """`context`: feature rows to write (rows past a row's own count land on slots the block overwrites)."""
         drafter, block = self.drafter, self.block_index
         prefix = self.prefix[:active]
-        ctx_slots = (prefix - self.ctx_count[:active])[:, None] + block
-        drafter.write_context(self.ctx[:active], ctx_slots, ctx_slots, self.draft_cache)
+        if context:
+            ctx_slots = (prefix - self.ctx_count[:active])[:, None] + block[:context]
+            drafter.write_context(self.ctx[:active, :context], ctx_slots, ctx_slots, self.draft_cache)
         slots = prefix[:, None] + block
         ids = torch.where(block == 0, self.root[:active, None], drafter.mask_token_id)
         noise = self.target.embed_tokens(ids)

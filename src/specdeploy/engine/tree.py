@@ -84,7 +84,10 @@ def best_first_tree(root: torch.Tensor, logprobs: torch.Tensor, budget: int) -> 
     kernels = ops.triton_kernels_for(logprobs)
     if kernels is not None:
         return TreeBatch(*kernels.best_first_tree(root, top_logp, top_tokens, budget))
-    rows = [heap_tree(logp, tokens, budget) for logp, tokens in zip(top_logp.tolist(), top_tokens.tolist(), strict=True)]
+    rows = [
+        heap_tree(logp, tokens, budget)
+        for logp, tokens in zip(top_logp.tolist(), top_tokens.tolist(), strict=True)
+    ]
     device = logprobs.device
     pad = [[0] * (budget - len(row[0])) for row in rows]
     tree_parents = torch.tensor([[0, *row[1], *p] for row, p in zip(rows, pad, strict=True)], device=device)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import Mode
 from specdeploy.plan.ddtree import ddtree_facts
-from specdeploy.plan.launch_plan import Mode, Reason
+from specdeploy.plan.launch_plan import Reason
 from specdeploy.recipes.schema import HardwareProfile, Recipe
 
 NON_CAUSAL = "the DFlash drafter attends non-causally within its block"

@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdeploy.modes import Mode
+
 # 2: engine.install (steps run at every container start) became engine.build (an image built once),
 # memory.tree_buffers_per_gpu and api_key_env were added.
 PLAN_SCHEMA = 2
 
-Mode = Literal["ar", "dflash", "ddtree", "eagle3"]
 EngineName = Literal["sglang", "reference"]
 ModelRole = Literal["target", "drafter"]
 Interconnect = Literal["nvlink", "pcie", "none"]

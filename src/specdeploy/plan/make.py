@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import get_args
 
 from specdeploy.api_key import API_KEY_ENV
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import check_mode
 from specdeploy.plan import sglang_args
 from specdeploy.plan.backends import choose_attention
 from specdeploy.plan.ddtree import ddtree_facts
@@ -17,7 +17,6 @@ from specdeploy.plan.launch_plan import (
     GpuRequirement,
     LaunchPlan,
     MemoryTable,
-    Mode,
     ModelRef,
     Reason,
 )
@@ -27,7 +26,6 @@ from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
 
-MODES: tuple[str, ...] = get_args(Mode)
 DEFAULT_PORT = 30000
 DEFAULT_HOST = "127.0.0.1"  # launchers for containers and clusters bind 0.0.0.0 themselves
 # The paper's best DDTree budgets were 256-512 on dense 8B models; MoE targets activate more experts per node.
@@ -135,8 +133,7 @@ def make_plan(
 def _check_request(
     recipe: Recipe, hardware: HardwareProfile, mode: str, budget: int | None, nnodes: int
 ) -> None:
-    if mode not in MODES:
-        raise SpecdeployError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+    check_mode(mode, budget)
     if recipe.engine != hardware.engine:
         if recipe.engine == "reference":
             raise SpecdeployError(
@@ -147,10 +144,6 @@ def _check_request(
             f"{recipe.name} runs on SGLang GPUs, and {hardware.name} is the reference engine's CPU profile: "
             "pick a GPU profile (`specdeploy recipes` lists them), or a zoo pair such as tiny-code for CPU"
         )
-    if budget is not None and mode != "ddtree":
-        raise SpecdeployError(f"--budget is DDTree's tree size; mode {mode} takes none (use --mode ddtree)")
-    if budget is not None and budget < 1:
-        raise SpecdeployError(f"--budget must be at least 1 draft-tree node, got {budget}")
     if nnodes < 1:
         raise SpecdeployError(f"--nnodes must be at least 1, got {nnodes}")
     if nnodes > 1 and recipe.engine == "reference":
