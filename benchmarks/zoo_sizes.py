@@ -1,0 +1,157 @@
+"""What a speculative step costs against an AR step for candidate zoo sizes, on this machine's CPU.
+
+For each candidate (target width/depth/MLP and drafter depth of a zoo pair), writes a checkpoint pair with
+random weights (the zoo's own config builders; speed depends on the shapes only), then runs
+`specdeploy profile --json` with one torch thread in every mode: ar, dflash and ddtree at each budget.
+Each mode runs `--repeats` times and keeps its fastest ms/step (the machine may be shared). The table gives
+the ratio step cost / AR step cost and the tau a mode needs for a 1.5x speedup (1.5 x that ratio).
+
+    python benchmarks/zoo_sizes.py --pair tiny-code --out zoo-sizes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specdeploy.engine.drafter import DFlashDrafter, save_drafter  # noqa: E402
+from specdeploy.zoo.byte_tokenizer import write_byte_tokenizer  # noqa: E402
+from specdeploy.zoo.specs import PairSpec, drafter_config, pair_spec, target_config  # noqa: E402
+
+SPEEDUP = 1.5
+# (hidden, layers, intermediate, drafter layers); the first row of each pair is its current shape.
+CANDIDATES = {
+    "tiny-code": [
+        (320, 8, 896, 3),
+        (320, 8, 896, 2),
+        (320, 8, 896, 1),
+        (256, 6, 768, 2),
+        (384, 6, 1024, 2),
+        (448, 4, 1280, 2),
+        (256, 12, 640, 2),
+    ],
+    "tiny-mla": [(256, 6, 768, 2), (256, 6, 768, 1), (256, 4, 768, 1)],
+    "tiny-hybrid": [(256, 6, 768, 2), (256, 6, 768, 1), (256, 3, 768, 1)],
+}
+
+
+def candidate_spec(
+    base: PairSpec, hidden: int, layers: int, intermediate: int, draft_layers: int
+) -> PairSpec:
+    return dataclasses.replace(
+        base, hidden_size=hidden, num_layers=layers, intermediate_size=intermediate, draft_layers=draft_layers
+    )
+
+
+def write_pair(spec: PairSpec, out: Path) -> dict:
+    """Random-weight target (transformers) + drafter (z-lab format) of `spec`; returns their sizes."""
+    torch.manual_seed(0)
+    cfg = target_config(spec, eos_token_id=0)
+    target = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    target.save_pretrained(str(out / "target"))
+    write_byte_tokenizer(out / "target")
+    drafter = DFlashDrafter(drafter_config(spec, cfg, mask_token_id=1)).to(torch.bfloat16)
+    save_drafter(drafter, out / "draft")
+    return {
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+        "draft_parameters": sum(p.numel() for p in drafter.parameters()),
+        "bf16_bytes": sum(f.stat().st_size for f in out.rglob("*.safetensors")),
+    }
+
+
+def profile(pair_dir: Path, mode: str, budget: int | None, prompt_tokens: int, new_tokens: int) -> dict:
+    command = [
+        sys.executable, "-m", "specdeploy.cli", "profile",
+        "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--mode", mode,
+        "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens), "--threads", "1", "--json",
+    ]  # fmt: skip
+    if budget is not None:
+        command += ["--budget", str(budget)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(spec: PairSpec, budgets: list[int], repeats: int, prompt_tokens: int, new_tokens: int) -> dict:
+    modes = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
+    with tempfile.TemporaryDirectory() as tmp:
+        pair_dir = Path(tmp)
+        row: dict = {
+            "hidden": spec.hidden_size,
+            "layers": spec.num_layers,
+            "intermediate": spec.intermediate_size,
+            "draft_layers": spec.draft_layers,
+            **write_pair(spec, pair_dir),
+        }
+        best: dict[str, dict] = {}
+        for _ in range(repeats):  # modes take turns, so a load change on the machine hits them alike
+            for mode, budget in modes:
+                label = mode if budget is None else f"{mode}-{budget}"
+                result = profile(pair_dir, mode, budget, prompt_tokens, new_tokens)
+                if label not in best or result["ms_per_step"] < best[label]["ms_per_step"]:
+                    best[label] = result
+    ar_ms = best["ar"]["ms_per_step"]
+    row["ms_per_step"] = {label: round(r["ms_per_step"], 2) for label, r in best.items()}
+    row["breakdown_ms"] = {
+        label: {k: round(v, 2) for k, v in r["breakdown_ms"].items()} for label, r in best.items()
+    }
+    row["tau_for_1_5x"] = {
+        label: round(SPEEDUP * r["ms_per_step"] / ar_ms, 2) for label, r in best.items() if label != "ar"
+    }
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    labels = [label for label in rows[0]["ms_per_step"] if label != "ar"]
+    header = (
+        "| target (hidden/layers/MLP) | drafter layers | params target + drafter | bf16 MB | ar ms/step | "
+    )
+    header += " | ".join(f"{label} ms/step (tau for {SPEEDUP}x)" for label in labels) + " |"
+    lines = [header, "|" + " --- |" * (5 + len(labels))]
+    for row in rows:
+        cells = [
+            f"{row['hidden']}/{row['layers']}/{row['intermediate']}",
+            str(row["draft_layers"]),
+            f"{row['target_parameters'] / 1e6:.2f}M + {row['draft_parameters'] / 1e6:.2f}M",
+            f"{row['bf16_bytes'] / 1e6:.1f}",
+            f"{row['ms_per_step']['ar']:.2f}",
+            *(f"{row['ms_per_step'][label]:.2f} ({row['tau_for_1_5x'][label]:.2f})" for label in labels),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="tiny-code", choices=sorted(CANDIDATES))
+    parser.add_argument("--budgets", default="8,16,32", help="DDTree budgets, comma-separated.")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, help="Also write the rows as JSON here.")
+    args = parser.parse_args()
+    base = pair_spec(args.pair)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    rows = []
+    for shape in CANDIDATES[args.pair]:
+        rows.append(
+            measure(candidate_spec(base, *shape), budgets, args.repeats, args.prompt_tokens, args.new_tokens)
+        )
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out is not None:
+            args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
