@@ -36,10 +36,11 @@ CANDIDATES = {
         (320, 8, 896, 3),
         (320, 8, 896, 2),
         (320, 8, 896, 1),
+        (256, 8, 768, 2),
         (256, 6, 768, 2),
+        (256, 6, 768, 1),
         (384, 6, 1024, 2),
         (448, 4, 1280, 2),
-        (256, 12, 640, 2),
     ],
     "tiny-mla": [(256, 6, 768, 2), (256, 6, 768, 1), (256, 4, 768, 1)],
     "tiny-hybrid": [(256, 6, 768, 2), (256, 6, 768, 1), (256, 3, 768, 1)],
@@ -78,7 +79,9 @@ def profile(pair_dir: Path, mode: str, budget: int | None, prompt_tokens: int, n
     ]  # fmt: skip
     if budget is not None:
         command += ["--budget", str(budget)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -134,6 +137,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="tiny-code", choices=sorted(CANDIDATES))
+    parser.add_argument("--only", help="Candidate rows to measure, by index in CANDIDATES, e.g. 1,4.")
     parser.add_argument("--budgets", default="8,16,32", help="DDTree budgets, comma-separated.")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -143,7 +147,10 @@ def main() -> None:
     base = pair_spec(args.pair)
     budgets = [int(b) for b in args.budgets.split(",")]
     rows = []
-    for shape in CANDIDATES[args.pair]:
+    shapes = CANDIDATES[args.pair]
+    if args.only:
+        shapes = [shapes[int(i)] for i in args.only.split(",")]
+    for shape in shapes:
         rows.append(
             measure(candidate_spec(base, *shape), budgets, args.repeats, args.prompt_tokens, args.new_tokens)
         )
