@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import importlib
 import json
 from pathlib import Path
 
 import pytest
+from zoo_helpers import CODE, install_fake_package
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.corpus import MAX_FILE_BYTES, collect_corpus, is_held_out, parse_pin
-
-CODE = "def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, item):\n        self.item = item\n"
 
 
 def write_corpus(root: Path, files: int) -> Path:
@@ -23,33 +20,13 @@ def write_corpus(root: Path, files: int) -> Path:
     return root
 
 
-def install_fake_package(site: Path, modules: dict[str, bytes], version: str = "1.2.0") -> None:
-    """A distribution `zoofake` as pip leaves it in site-packages: its files and a RECORD with their hashes."""
-    info = site / f"zoofake-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: zoofake\nVersion: {version}\n")
-    record = []
-    for name, data in modules.items():
-        path = site / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record += [f"{info.name}/METADATA,,", f"{info.name}/RECORD,,", "../../bin/zoofake-cli.py,,"]
-    (info / "RECORD").write_text("\n".join(record) + "\n")
-
-
 @pytest.fixture
 def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site"
     modules = {f"zoofake/mod{i}.py": f"# zoofake module {i}\n{CODE * 3}".encode() for i in range(60)}
     modules["zoofake/vendored/mod0.py"] = modules["zoofake/mod0.py"]  # a vendored copy: skipped
     modules["zoofake/tables.py"] = b"x = 1\n" * (MAX_FILE_BYTES // 6 + 1)  # generated data: skipped
     modules["zoofake/data.txt"] = b"not python"
-    install_fake_package(site, modules)
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
-    return site
+    return install_fake_package(tmp_path / "site", modules, monkeypatch)
 
 
 def test_corpus_records_files_hashes_and_a_stable_held_out_split(tmp_path: Path) -> None:

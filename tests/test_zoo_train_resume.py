@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+from zoo_helpers import CODE, TINY_SETTINGS
 
 from specdeploy.engine.drafter import load_drafter
 from specdeploy.engine.loading import load_target
@@ -20,24 +21,6 @@ from specdeploy.zoo.locks import exclusive
 from specdeploy.zoo.pipeline import train_zoo
 from specdeploy.zoo.settings import ChunkOptions, DataOptions, TrainSettings
 from specdeploy.zoo.specs import pair_spec
-
-CODE = "def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, item):\n        self.item = item\n"
-SETTINGS = TrainSettings(
-    scale=0.25,
-    target_minutes=1000.0,  # steps end every stage: the schedule is then the same in any chunking
-    target_steps=24,
-    target_batch=4,
-    seq_len=64,
-    target_lr=3e-3,
-    rollouts=12,
-    rollout_batch=4,
-    rollout_prompt=16,
-    rollout_new_tokens=40,
-    draft_minutes=1000.0,
-    draft_steps=8,
-    draft_batch=4,
-    blocks_per_sequence=4,
-)
 
 
 class StopAfter(ChunkLimit):
@@ -67,13 +50,13 @@ def data_options(corpus: Path) -> DataOptions:
 
 def test_a_run_cut_into_chunks_ends_where_an_uninterrupted_run_ends(tmp_path: Path, corpus: Path) -> None:
     whole, chunked = tmp_path / "whole", tmp_path / "chunked"
-    assert train_zoo(whole, ["tiny-code"], SETTINGS, data_options(corpus), ChunkOptions()) == {
+    assert train_zoo(whole, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions()) == {
         "tiny-code": True
     }
     invocations = 0
-    while not train_zoo(chunked, ["tiny-code"], SETTINGS, data_options(corpus), ChunkOptions(), StopAfter(9))[
-        "tiny-code"
-    ]:
+    while not train_zoo(
+        chunked, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions(), StopAfter(9)
+    )["tiny-code"]:
         invocations += 1
         assert invocations < 30, "no progress between chunks"
     for name in ("target/model.safetensors", "draft/model.safetensors"):
@@ -109,7 +92,7 @@ def test_a_run_cut_into_chunks_ends_where_an_uninterrupted_run_ends(tmp_path: Pa
 def test_a_finished_pair_archives_without_its_resume_state(tmp_path: Path, corpus: Path) -> None:
     out, archive = tmp_path / "zoo", tmp_path / "archive"
     chunk = ChunkOptions(archive_dir=archive, archive_part_bytes=100_000)
-    train_zoo(out, ["tiny-code"], SETTINGS, data_options(corpus), chunk)
+    train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), chunk)
     parts = sorted(archive.glob("tiny-code.tar.part*"))
     assert len(parts) >= 2  # 100 kB parts
     restored = tmp_path / "restored"
@@ -123,21 +106,21 @@ def test_a_finished_pair_archives_without_its_resume_state(tmp_path: Path, corpu
 
 def test_a_run_continues_only_with_its_own_settings_and_data(tmp_path: Path, corpus: Path) -> None:
     out = tmp_path / "zoo"
-    train_zoo(out, ["tiny-code"], SETTINGS, data_options(corpus), ChunkOptions(), StopAfter(4))
-    changed = TrainSettings(**{**SETTINGS.__dict__, "target_steps": 30})
+    train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions(), StopAfter(4))
+    changed = TrainSettings(**{**TINY_SETTINGS.__dict__, "target_steps": 30})
     with pytest.raises(SpecdeployError, match=r"holds a run with other settings \(target_steps\)"):
         train_zoo(out, ["tiny-code"], changed, data_options(corpus), ChunkOptions())
     with pytest.raises(SpecdeployError, match="holds data made from other corpus options"):
         train_zoo(
             out,
             ["tiny-code"],
-            SETTINGS,
+            TINY_SETTINGS,
             DataOptions(corpus_roots=(str(corpus),), vocab_size=280),
             ChunkOptions(),
         )
     with exclusive(out / "tiny-code" / ".lock", wait=False, what="test"):
         with pytest.raises(SpecdeployError, match=r"tiny-code is in use by process \d+: wait for it"):
-            train_zoo(out, ["tiny-code"], SETTINGS, data_options(corpus), ChunkOptions())
+            train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions())
 
 
 def test_unknown_pair_fails_before_any_work(tmp_path: Path) -> None:

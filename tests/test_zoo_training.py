@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.zoo.chunk import ChunkLimit
+from specdeploy.zoo.data import tokenizer_sample
 from specdeploy.zoo.rollouts import prompt_starts
 from specdeploy.zoo.schedule import TrainBudget
 from specdeploy.zoo.specs import drafter_config, pair_spec, target_config
@@ -151,3 +152,9 @@ def test_a_signal_asks_the_loops_to_stop_at_their_next_check() -> None:
         assert limit.reached() and limit.reason == "SIGTERM received"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert ChunkLimit(0.0).reached() and ChunkLimit(0.0).reason == "time limit of this invocation"
+
+
+def test_the_tokenizer_learns_from_an_evenly_spread_sample() -> None:
+    texts = [f"text {i:05d}" for i in range(10)]  # 10 characters each
+    assert tokenizer_sample(texts, max_bytes=30) == texts[::4]
+    assert tokenizer_sample(texts, max_bytes=1000) == texts

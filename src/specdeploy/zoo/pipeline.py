@@ -120,7 +120,13 @@ class PairRun:
         return {
             "pair": asdict(self.spec),
             "settings": settings,
-            "corpus": {"file": CORPUS_FILE, "sha256": data["corpus_sha256"], "tokens": data["tokens"]},
+            "corpus": {
+                "file": CORPUS_FILE,
+                "sha256": data["corpus_sha256"],
+                "tokens": data["tokens"],
+                "vocab_size": data["options"]["vocab_size"],
+                "max_files": data["options"]["max_files"],
+            },
             "stage": STAGES[0],
             "chunks": [],
         }
@@ -187,6 +193,11 @@ class PairRun:
             + (f"resuming at step {run.log.steps}" if resumed else "starting")
         )
         train, held_out = self.stream("train"), self.stream("held_out")
+        if held_out.numel() <= s.seq_len + 1:
+            raise SpecdeployError(
+                f"the held-out split has {held_out.numel()} tokens, not one window of --seq-len {s.seq_len}: give "
+                "more corpus files or a shorter --seq-len"
+            )
 
         def evaluate() -> float:
             return round(held_out_loss(model, held_out, s.target_batch, s.seq_len, 4, s.seed), 4)

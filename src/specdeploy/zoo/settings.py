@@ -25,14 +25,15 @@ class TrainSettings:
     target_batch: int = 128
     target_lr: float = 2e-3
     seq_len: int = 512
-    rollouts: int = 300_000
-    rollout_minutes: float = 15.0
+    # Enough rollouts that the drafter sees each only a few times in its budget (the card states how often).
+    rollouts: int = 600_000
+    rollout_minutes: float = 20.0
     rollout_prompt: int = 64
     rollout_new_tokens: int = 192
-    rollout_batch: int = 2048
+    rollout_batch: int = 4096
     draft_minutes: float = 30.0
     draft_steps: int = 1_000_000
-    draft_batch: int = 128
+    draft_batch: int = 64
     draft_lr: float = 2e-3
     blocks_per_sequence: int = 16
 
