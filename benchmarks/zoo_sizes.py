@@ -1,10 +1,12 @@
 """What a speculative step costs against an AR step for candidate zoo sizes, on this machine's CPU.
 
 For each candidate (target width/depth/MLP and drafter depth of a zoo pair), writes a checkpoint pair with
-random weights (the zoo's own config builders; speed depends on the shapes only), then runs
-`specdeploy profile --json` with one torch thread in every mode: ar, dflash and ddtree at each budget.
-Each mode runs `--repeats` times and keeps its fastest ms/step (the machine may be shared). The table gives
-the ratio step cost / AR step cost and the tau a mode needs for a 1.5x speedup (1.5 x that ratio).
+random weights (the zoo's own config builders; speed depends on the shapes only), loads it once with one
+torch thread, and measures every mode with `profile_decoding`, the function behind `specdeploy profile
+--json` (a warm-up request, then a timed one of `--new-tokens` tokens, EOS ignored). Each speculative
+measurement follows an AR measurement of its own, and the ratio of the two (step cost / AR step cost) is
+kept; the table gives the median over `--repeats` rounds, so load that comes and goes on a shared machine
+hits both sides of a ratio alike. tau for 1.5x = 1.5 x that ratio: what the mode must accept per step.
 
     python benchmarks/zoo_sizes.py --pair tiny-code --out zoo-sizes.json
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +27,10 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from specdeploy.engine.drafter import DFlashDrafter, save_drafter  # noqa: E402
+from specdeploy.engine.drafter import DFlashDrafter, load_drafter, save_drafter  # noqa: E402
+from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.engine.runtime import set_cpu_threads  # noqa: E402
+from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
 from specdeploy.zoo.byte_tokenizer import write_byte_tokenizer  # noqa: E402
 from specdeploy.zoo.specs import PairSpec, drafter_config, pair_spec, target_config  # noqa: E402
 
@@ -71,46 +76,32 @@ def write_pair(spec: PairSpec, out: Path) -> dict:
     }
 
 
-def profile(pair_dir: Path, mode: str, budget: int | None, prompt_tokens: int, new_tokens: int) -> dict:
-    command = [
-        sys.executable, "-m", "specdeploy.cli", "profile",
-        "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--mode", mode,
-        "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens), "--threads", "1", "--json",
-    ]  # fmt: skip
-    if budget is not None:
-        command += ["--budget", str(budget)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def measure(spec: PairSpec, budgets: list[int], repeats: int, prompt_tokens: int, new_tokens: int) -> dict:
-    modes = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
+    row: dict = {
+        "hidden": spec.hidden_size,
+        "layers": spec.num_layers,
+        "intermediate": spec.intermediate_size,
+        "draft_layers": spec.draft_layers,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        pair_dir = Path(tmp)
-        row: dict = {
-            "hidden": spec.hidden_size,
-            "layers": spec.num_layers,
-            "intermediate": spec.intermediate_size,
-            "draft_layers": spec.draft_layers,
-            **write_pair(spec, pair_dir),
-        }
-        best: dict[str, dict] = {}
-        for _ in range(repeats):  # modes take turns, so a load change on the machine hits them alike
-            for mode, budget in modes:
-                label = mode if budget is None else f"{mode}-{budget}"
-                result = profile(pair_dir, mode, budget, prompt_tokens, new_tokens)
-                if label not in best or result["ms_per_step"] < best[label]["ms_per_step"]:
-                    best[label] = result
-    ar_ms = best["ar"]["ms_per_step"]
-    row["ms_per_step"] = {label: round(r["ms_per_step"], 2) for label, r in best.items()}
-    row["breakdown_ms"] = {
-        label: {k: round(v, 2) for k, v in r["breakdown_ms"].items()} for label, r in best.items()
-    }
-    row["tau_for_1_5x"] = {
-        label: round(SPEEDUP * r["ms_per_step"] / ar_ms, 2) for label, r in best.items() if label != "ar"
-    }
+        row |= write_pair(spec, Path(tmp))
+        target, drafter = load_target(Path(tmp) / "target"), load_drafter(Path(tmp) / "draft")
+    prompt = random_prompt(target.config.vocab_size, prompt_tokens)
+    ar_ms: list[float] = []
+    ms: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for mode, budget in [("dflash", None)] + [("ddtree", b) for b in budgets]:
+            label = mode if budget is None else f"{mode}-{budget}"
+            ar = profile_decoding(target, None, "ar", None, prompt, new_tokens).ms_per_step
+            step = profile_decoding(target, drafter, mode, budget, prompt, new_tokens).ms_per_step
+            ar_ms.append(ar)
+            ms.setdefault(label, []).append(step)
+            ratios.setdefault(label, []).append(step / ar)
+    row["ms_per_step"] = {"ar": round(statistics.median(ar_ms), 2)}
+    row["ms_per_step"] |= {label: round(statistics.median(values), 2) for label, values in ms.items()}
+    row["ratio_to_ar"] = {label: round(statistics.median(values), 3) for label, values in ratios.items()}
+    row["tau_for_1_5x"] = {label: round(SPEEDUP * ratio, 2) for label, ratio in row["ratio_to_ar"].items()}
     return row
 
 
@@ -139,11 +130,12 @@ def main() -> None:
     parser.add_argument("--pair", default="tiny-code", choices=sorted(CANDIDATES))
     parser.add_argument("--only", help="Candidate rows to measure, by index in CANDIDATES, e.g. 1,4.")
     parser.add_argument("--budgets", default="8,16,32", help="DDTree budgets, comma-separated.")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, help="Also write the rows as JSON here.")
     args = parser.parse_args()
+    set_cpu_threads(1)
     base = pair_spec(args.pair)
     budgets = [int(b) for b in args.budgets.split(",")]
     rows = []
