@@ -77,6 +77,9 @@ def test_a_run_cut_into_chunks_ends_where_an_uninterrupted_run_ends(tmp_path: Pa
     assert log["target"]["held_out_loss"] > 0 and log["draft"]["passes_over_rollouts"] == pytest.approx(
         8 * 4 / 12, abs=0.01
     )
+    assert train_zoo(chunked, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions())["tiny-code"]
+    again = json.loads((chunked / "tiny-code" / "train_log.json").read_text())
+    assert again["chunks"] == log["chunks"]  # a finished run is left as it is
     whole_log = json.loads((whole / "tiny-code" / "train_log.json").read_text())
     assert whole_log["target"]["final_train_loss"] == log["target"]["final_train_loss"]
     assert whole_log["draft"]["final_train_loss"] == log["draft"]["final_train_loss"]

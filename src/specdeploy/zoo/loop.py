@@ -60,8 +60,8 @@ class Resumable:
         """Load the saved state if there is one; True if the run resumes."""
         if not self.path.is_file():
             return False
-        device = next(self.model.parameters()).device
-        state = torch.load(self.path, map_location=device, weights_only=False)
+        # Loaded to the CPU: the generator state must stay there; weights and moments are copied to the device.
+        state = torch.load(self.path, map_location="cpu", weights_only=False)
         tensors = self.tensors()
         if tensors.keys() != state["model"].keys():
             raise SpecdeployError(

@@ -95,7 +95,6 @@ class PairRun:
             "seconds": 0.0,
             "ended": "running",
         }
-        self.log["chunks"].append(self.chunk_record)
         self.started = time.monotonic()
 
     def say(self, message: str) -> None:
@@ -148,6 +147,10 @@ class PairRun:
             "rollouts": self.make_rollouts,
             "draft": self.train_draft,
         }
+        if self.log["stage"] == "done":
+            self.say("finished earlier; nothing to do")
+            return True
+        self.log["chunks"].append(self.chunk_record)
         try:
             while self.log["stage"] != "done" and not self.limit.reached():
                 stage = self.log["stage"]
