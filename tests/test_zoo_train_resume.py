@@ -3,6 +3,7 @@ run, its log complete; shared data and pairs are guarded against mismatched opti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -20,7 +21,7 @@ from specdeploy.zoo.chunk import ChunkLimit
 from specdeploy.zoo.locks import exclusive
 from specdeploy.zoo.pipeline import train_zoo
 from specdeploy.zoo.settings import ChunkOptions, DataOptions, TrainSettings
-from specdeploy.zoo.specs import pair_spec
+from specdeploy.zoo.specs import PAIRS, pair_spec
 
 
 class StopAfter(ChunkLimit):
@@ -107,7 +108,9 @@ def test_a_finished_pair_archives_without_its_resume_state(tmp_path: Path, corpu
     ).read_bytes()
 
 
-def test_a_run_continues_only_with_its_own_settings_and_data(tmp_path: Path, corpus: Path) -> None:
+def test_a_run_continues_only_with_its_own_settings_and_data(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "zoo"
     train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions(), StopAfter(4))
     changed = TrainSettings(**{**TINY_SETTINGS.__dict__, "target_steps": 30})
@@ -121,6 +124,11 @@ def test_a_run_continues_only_with_its_own_settings_and_data(tmp_path: Path, cor
             DataOptions(corpus_roots=(str(corpus),), vocab_size=280),
             ChunkOptions(),
         )
+    redefined = dataclasses.replace(pair_spec("tiny-code"), loss_gamma=5.0)
+    with monkeypatch.context() as patch:
+        patch.setitem(PAIRS, "tiny-code", redefined)
+        with pytest.raises(SpecdeployError, match=r"other settings \(pair loss_gamma\)"):
+            train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions())
     with exclusive(out / "tiny-code" / ".lock", wait=False, what="test"):
         with pytest.raises(SpecdeployError, match=r"tiny-code is in use by process \d+: wait for it"):
             train_zoo(out, ["tiny-code"], TINY_SETTINGS, data_options(corpus), ChunkOptions())

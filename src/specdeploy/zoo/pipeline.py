@@ -106,6 +106,7 @@ class PairRun:
         if path.is_file():
             log = json.loads(path.read_text())
             changed = sorted(k for k, v in settings.items() if log["settings"].get(k) != v)
+            changed += sorted(f"pair {k}" for k, v in asdict(self.spec).items() if log["pair"].get(k) != v)
             if changed:
                 raise SpecdeployError(
                     f"{self.dir} holds a run with other settings ({', '.join(changed)}): continue it with the "
