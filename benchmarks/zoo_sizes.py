@@ -2,11 +2,11 @@
 
 For each candidate (target width/depth/MLP and drafter depth of a zoo pair), writes a checkpoint pair with
 random weights (the zoo's own config builders; speed depends on the shapes only), loads it once with one
-torch thread, and measures every mode with `profile_decoding`, the function behind `specdeploy profile
---json` (a warm-up request, then a timed one of `--new-tokens` tokens, EOS ignored). Each speculative
-measurement follows an AR measurement of its own, and the ratio of the two (step cost / AR step cost) is
-kept; the table gives the median over `--repeats` rounds, so load that comes and goes on a shared machine
-hits both sides of a ratio alike. tau for 1.5x = 1.5 x that ratio: what the mode must accept per step.
+torch thread, and times greedy requests of `--new-tokens` tokens (EOS ignored) through the engine's
+`Decoder`, as `specdeploy profile` does: ms per step = decode time / verify steps. Requests alternate, AR
+then a speculative mode, round after round; each mode's ratio to the AR request just before it is kept, and
+the table gives the median over `--repeats` rounds, so load that comes and goes on a shared machine hits both
+sides of a ratio alike. tau for 1.5x = 1.5 x that ratio: what the mode must accept per step to be 1.5x AR.
 
     python benchmarks/zoo_sizes.py --pair tiny-code --out zoo-sizes.json
 """
@@ -27,10 +27,11 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.drafter import DFlashDrafter, load_drafter, save_drafter  # noqa: E402
 from specdeploy.engine.loading import load_target  # noqa: E402
 from specdeploy.engine.runtime import set_cpu_threads  # noqa: E402
-from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
+from specdeploy.perf.profile import random_prompt  # noqa: E402
 from specdeploy.zoo.byte_tokenizer import write_byte_tokenizer  # noqa: E402
 from specdeploy.zoo.specs import PairSpec, drafter_config, pair_spec, target_config  # noqa: E402
 
@@ -87,14 +88,23 @@ def measure(spec: PairSpec, budgets: list[int], repeats: int, prompt_tokens: int
         row |= write_pair(spec, Path(tmp))
         target, drafter = load_target(Path(tmp) / "target"), load_drafter(Path(tmp) / "draft")
     prompt = random_prompt(target.config.vocab_size, prompt_tokens)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    decoders = {"ar": Decoder(target, None, "ar", None)}
+    for mode, budget in [("dflash", None)] + [("ddtree", b) for b in budgets]:
+        decoders[mode if budget is None else f"{mode}-{budget}"] = Decoder(target, drafter, mode, budget)
+    for decoder in decoders.values():
+        decoder.generate(prompt, params)  # first calls pay one-off costs
+
+    def ms_per_step(label: str) -> float:
+        result = decoders[label].generate(prompt, params)
+        return 1e3 * result.decode_s / result.num_steps
+
     ar_ms: list[float] = []
     ms: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for mode, budget in [("dflash", None)] + [("ddtree", b) for b in budgets]:
-            label = mode if budget is None else f"{mode}-{budget}"
-            ar = profile_decoding(target, None, "ar", None, prompt, new_tokens).ms_per_step
-            step = profile_decoding(target, drafter, mode, budget, prompt, new_tokens).ms_per_step
+        for label in list(decoders)[1:]:
+            ar, step = ms_per_step("ar"), ms_per_step(label)
             ar_ms.append(ar)
             ms.setdefault(label, []).append(step)
             ratios.setdefault(label, []).append(step / ar)
@@ -130,9 +140,9 @@ def main() -> None:
     parser.add_argument("--pair", default="tiny-code", choices=sorted(CANDIDATES))
     parser.add_argument("--only", help="Candidate rows to measure, by index in CANDIDATES, e.g. 1,4.")
     parser.add_argument("--budgets", default="8,16,32", help="DDTree budgets, comma-separated.")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, help="Also write the rows as JSON here.")
     args = parser.parse_args()
     set_cpu_threads(1)
