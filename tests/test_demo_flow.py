@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from specdeploy.bench.results import RunDirectory
 from specdeploy.cli import app
+from specdeploy.demo.flow import free_ports
 from specdeploy.deploy.deployment import deployment_status, load_deployment
 
 SERVERS = ("ar", "dflash", "ddtree-8")
@@ -118,3 +120,11 @@ def test_the_default_demo_finishes_within_five_minutes(tmp_path: Path) -> None:
     assert elapsed < 300, f"the demo took {elapsed:.0f} s"
     assert [row["mode"] for row in document["rows"]] == ["ar", "dflash", "ddtree"]
     assert all(row["greedy_match"] == 1.0 for row in document["rows"][1:])
+
+
+def test_servers_get_distinct_free_ports() -> None:
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    for port in ports:
+        with socket.create_server(("127.0.0.1", port)):
+            pass

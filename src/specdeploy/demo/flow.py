@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -25,7 +26,6 @@ from rich.console import Console
 from specdeploy.bench.results import RunSummary
 from specdeploy.bench.runner import BenchConfig
 from specdeploy.bench.runner import run as run_bench
-from specdeploy.bench.selftest import free_port
 from specdeploy.deploy.deployment import (
     Deployment,
     GreedyReference,
@@ -94,6 +94,15 @@ def bench_config(
     )
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on the loopback interface now (all held open until all are picked)."""
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C, so the `finally` that stops the servers runs either way."""
@@ -116,8 +125,8 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
     workload = write_workload(options)
     modes = [("ar", None), ("dflash", None), ("ddtree", options.budget)]
     plans = {
-        mode_label(mode, budget): make_plan(options.pair, "cpu", mode, budget=budget, port=free_port())
-        for mode, budget in modes
+        mode_label(mode, budget): make_plan(options.pair, "cpu", mode, budget=budget, port=port)
+        for (mode, budget), port in zip(modes, free_ports(len(modes)), strict=True)
     }
     started: list[Deployment] = []
 
@@ -134,9 +143,10 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
             greedy_reference=reference,
         )
         started.append(deployment)
-        smoke = deployment.manifest.smoke if deployment.manifest else None
-        checked = " (greedy answers equal AR's)" if smoke and smoke.greedy else ""
-        say(f"{label} server healthy in {deployment.manifest.startup_s:.1f} s{checked}")
+        manifest = deployment.manifest
+        if manifest is not None:
+            checked = " (greedy answers equal AR's)" if manifest.smoke and manifest.smoke.greedy else ""
+            say(f"{label} server healthy in {manifest.startup_s:.1f} s{checked}")
         return deployment
 
     with sigterm_as_interrupt():
