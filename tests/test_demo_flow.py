@@ -19,6 +19,7 @@ from specdeploy.bench.results import RunDirectory
 from specdeploy.cli import app
 from specdeploy.demo.flow import free_ports
 from specdeploy.deploy.deployment import deployment_status, load_deployment
+from specdeploy.deploy.manifest import STATE_FILE
 
 SERVERS = ("ar", "dflash", "ddtree-8")
 
@@ -96,17 +97,30 @@ def test_an_interrupted_demo_stops_the_servers_it_started(tmp_path: Path, sig: s
         str(out),
     ]
     demo = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    state = out / "servers" / "dflash" / "state.json"
-    while not (state.is_file() and json.loads(state.read_text())["state"] == "running"):
-        assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read() if demo.stdout else ""
-        time.sleep(0.2)
-    os.kill(demo.pid, sig)
-    output, _ = demo.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(
+            deployment_status(load_deployment(d))["healthy"] for d in started_servers(out, "dflash")
+        ):
+            assert demo.poll() is None and time.monotonic() < deadline, (
+                "the dflash server never became healthy"
+            )
+            time.sleep(0.5)
+        os.kill(demo.pid, sig)
+        output, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:  # the test failed before its signal: the demo stops its servers on SIGTERM
+            demo.terminate()
+            demo.communicate(timeout=120)
     assert demo.returncode != 0, output
-    started = tuple(p.name for p in (out / "servers").iterdir() if (p / "state.json").is_file())
+    started = tuple(d.name for d in started_servers(out))
     assert "ar" in started and "dflash" in started
     assert_servers_stopped(out, started)
+
+
+def started_servers(out: Path, name: str = "*") -> list[Path]:
+    """The demo's server folders in which a deployment was recorded."""
+    return [d for d in (out / "servers").glob(name) if (d / STATE_FILE).is_file()]
 
 
 @pytest.mark.slow
