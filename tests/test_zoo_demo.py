@@ -1,4 +1,4 @@
-"""`specdeploy demo` and the shipped tiny-code pair: speculation accepts real tokens and changes no output."""
+"""`specdeploy demo --quick` and the shipped tiny-code pair: speculation accepts real tokens and changes no output."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def test_shipped_tiny_code_drafts_are_accepted_and_lossless() -> None:
     assert ddtree.tau >= dflash.tau  # the tree holds the chain's path and its alternatives
 
 
-def test_demo_prints_the_comparison_table() -> None:
-    result = CliRunner().invoke(app, ["demo", "--prompts", "1", "--max-new-tokens", "16", "--budget", "8"])
+def test_quick_demo_prints_the_engine_comparison_table() -> None:
+    result = CliRunner().invoke(
+        app, ["demo", "--quick", "--prompts", "1", "--max-new-tokens", "16", "--budget", "8"]
+    )
     assert result.exit_code == 0, result.output
     for text in ("ar", "dflash", "ddtree (budget 8)", "baseline", "1/1", "speedup"):
         assert text in result.output

@@ -1,22 +1,22 @@
-"""The zoo trainer: corpus record, block-diffusion batches, and a few real CPU steps end to end."""
+"""The zoo trainer's parts: block-diffusion batches and the DFlash objective, rollout prompts, the schedule
+and the chunk limit (the resumable pipeline end to end is in test_zoo_train_resume.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import subprocess
-from pathlib import Path
+import math
+import os
+import signal
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter
-from specdeploy.engine.loading import load_drafter, load_target
-from specdeploy.errors import SpecdeployError
-from specdeploy.zoo.corpus import collect_corpus, is_held_out
-from specdeploy.zoo.pipeline import TrainSettings, drafter_config, train_zoo
-from specdeploy.zoo.specs import pair_spec, target_config
+from specdeploy.zoo.chunk import ChunkLimit
+from specdeploy.zoo.data import tokenizer_sample
+from specdeploy.zoo.rollouts import prompt_starts
+from specdeploy.zoo.schedule import TrainBudget
+from specdeploy.zoo.specs import drafter_config, pair_spec, target_config
 from specdeploy.zoo.train_drafter import (
     IGNORE,
     drafter_loss,
@@ -24,42 +24,6 @@ from specdeploy.zoo.train_drafter import (
     make_blocks,
     target_features,
 )
-
-CODE = "def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, item):\n        self.item = item\n"
-
-
-def write_corpus(root: Path, files: int) -> Path:
-    for i in range(files):
-        (root / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
-        (root / f"pkg{i % 3}" / f"mod{i}.py").write_text(f"# module {i}\n" + CODE * 20)
-    return root
-
-
-def test_corpus_records_files_hashes_and_a_stable_held_out_split(tmp_path: Path) -> None:
-    root = write_corpus(tmp_path / "src", 40)
-    (root / "latin1.py").write_bytes("x = 'caf\xe9'\n".encode("latin-1"))  # not UTF-8: skipped
-    (root / "site-packages").mkdir()
-    (root / "site-packages" / "dep.py").write_text(CODE)  # installed packages are not the stdlib: skipped
-    corpus = collect_corpus([root])
-    paths = [f.path for f in corpus.files]
-    assert len(paths) == 40 and all(p.startswith("src/pkg") for p in paths)
-    first = corpus.files[0]
-    assert first.sha256 == hashlib.sha256((root / first.path.removeprefix("src/")).read_bytes()).hexdigest()
-    assert all((f.split == "held_out") == is_held_out(f.path) for f in corpus.files)
-    assert 0 < len(corpus.split("held_out")) < 10  # about 5% of 40 files, by the path hash
-    manifest = corpus.manifest()
-    assert manifest["num_files"] == {
-        "train": 40 - len(corpus.split("held_out")),
-        "held_out": len(corpus.split("held_out")),
-    }
-    assert collect_corpus([root]).manifest() == manifest
-
-
-def test_corpus_rejects_a_folder_without_python(tmp_path: Path) -> None:
-    with pytest.raises(SpecdeployError, match="no usable Python files"):
-        collect_corpus([tmp_path])
-    with pytest.raises(SpecdeployError, match="not a directory"):
-        collect_corpus([tmp_path / "missing"])
 
 
 def test_blocks_see_only_context_before_their_anchor_and_their_own_block() -> None:
@@ -110,67 +74,87 @@ def test_training_forward_equals_decode_time_forward_for_every_block() -> None:
                 torch.testing.assert_close(decoded, trained[row : row + 1, 16 * j : 16 * j + 16])
 
 
-def test_trainer_runs_end_to_end_on_cpu_and_writes_loadable_checkpoints(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "corpus", 30)
-    settings = TrainSettings(
-        scale=0.25,
-        target_steps=30,
-        target_batch=4,
-        seq_len=64,
-        target_lr=3e-3,
-        rollout_batch=4,
-        rollout_batches=1,
-        rollout_new_tokens=48,
-        draft_steps=6,
-        draft_batch=4,
-        blocks_per_sequence=4,
-        checkpoint_every=5,
-        archive_part_bytes=300_000,
-    )
-    out = tmp_path / "zoo"
-    train_zoo(out, ["tiny-code", "tiny-mla"], settings, [corpus], archive_dir=tmp_path / "archive")
-
-    manifest = json.loads((out / "corpus.json").read_text())
-    assert manifest["num_files"]["train"] + manifest["num_files"]["held_out"] == 30
-    for name in ("tiny-code", "tiny-mla"):
-        log = json.loads((out / name / "train_log.json").read_text())
-        assert log["target"]["steps"] == 30 and log["draft"]["steps"] == 6
-        # From ln(vocab) > 5.5 at the start: a repetitive corpus is learned within 30 steps.
-        assert log["target"]["final_train_loss"] < 3.5
-        AutoModelForCausalLM.from_pretrained(out / name / "target")
-        target = load_target(out / name / "target")
-        drafter = load_drafter(out / name / "draft")
-        drafter.check_compatible(target.config)
-        assert drafter.block_size == pair_spec(name).block_size
-        assert next(drafter.parameters()).dtype == torch.float32  # loads in the asked dtype from bf16 files
-    parts = sorted((tmp_path / "archive").glob("tiny-code.tar.part*"))
-    assert len(parts) >= 2  # 300 kB parts
-    restored = tmp_path / "restored"
-    restored.mkdir()
-    subprocess.run(f"cat {' '.join(map(str, parts))} | tar x -C {restored}", shell=True, check=True)
-    assert (restored / "tiny-code" / "target" / "model.safetensors").read_bytes() == (
-        out / "tiny-code" / "target" / "model.safetensors"
-    ).read_bytes()
-
-
-def test_unknown_pair_fails_before_any_work(tmp_path: Path) -> None:
-    with pytest.raises(SpecdeployError, match="unknown zoo pair 'tiny-gpt'"):
-        train_zoo(tmp_path, ["tiny-gpt"], TrainSettings())
-    assert not any(tmp_path.iterdir())
-
-
-def test_target_labels_are_the_targets_greedy_tokens() -> None:
+def test_slots_learn_the_targets_greedy_tokens_with_decaying_weights() -> None:
     torch.manual_seed(0)
     spec = pair_spec("tiny-mla")
     cfg = target_config(spec, eos_token_id=0, scale=0.25)
     target = AutoModelForCausalLM.from_config(cfg).eval()
     drafter = DFlashDrafter(drafter_config(spec, cfg, mask_token_id=1, scale=0.25))
     sequences = torch.randint(2, cfg.vocab_size, (1, 40))
-    blocks = make_blocks(sequences, torch.tensor([39]), 2, 8, 1, 4.0, torch.Generator().manual_seed(0))
+    blocks = make_blocks(sequences, torch.tensor([36]), 2, 8, 1, 4.0, torch.Generator().manual_seed(0))
+    text_labels = blocks.labels.clone()
     _, greedy = target_features(target, sequences, drafter.target_layer_ids)
     with torch.no_grad():
         expected = target(sequences).logits.argmax(-1)
     assert torch.equal(greedy[:, 1:], expected[:, :-1])  # position p holds the choice made at p - 1
-    _, text_correct = drafter_loss(drafter, target, sequences, blocks)
-    _, target_correct = drafter_loss(drafter, target, sequences, blocks, target_labels=True)
-    assert text_correct.shape == target_correct.shape
+    loss, _ = drafter_loss(drafter, target, sequences, blocks)
+    block_positions = blocks.positions[:, 40:]
+    wanted = torch.where(text_labels == IGNORE, IGNORE, expected.gather(1, block_positions - 1))
+    assert torch.equal(blocks.labels, wanted)  # not the text's own tokens: the target's argmax there
+    assert (blocks.labels != IGNORE).any() and not torch.equal(blocks.labels, text_labels)
+    # The loss is the slot-weighted mean cross-entropy, slot i (1-based) weighted exp(-(i - 1) / gamma).
+    with torch.no_grad():
+        context, _ = target_features(target, sequences, drafter.target_layer_ids)
+        noise = target.get_input_embeddings()(blocks.block_ids)
+        hidden = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
+        logits = drafter.compute_logits(hidden, target.get_output_embeddings()).float()
+    total, weights = 0.0, 0.0
+    for k in range(16):
+        slot, label = k % 8, int(wanted[0, k])
+        if label == IGNORE:
+            continue
+        weight = math.exp(-(slot - 1) / 4.0)
+        total += weight * float(torch.nn.functional.cross_entropy(logits[0, k][None], torch.tensor([label])))
+        weights += weight
+    assert float(loss.detach()) == pytest.approx(total / weights, rel=1e-5)
+
+
+def test_anchors_start_at_first_anchor_and_prefer_rows_with_labels_left() -> None:
+    sequences = torch.arange(100, 164)[None].repeat(3, 1)
+    last_valid = torch.tensor([63, 30, 40])
+    for seed in range(20):
+        blocks = make_blocks(
+            sequences, last_valid, 4, 8, 1, 4.0, torch.Generator().manual_seed(seed), first_anchor=24
+        )
+        anchors = blocks.positions[:, 64::8]
+        assert (anchors >= 24).all() and (anchors <= 56).all()
+        assert (anchors[1] < 30).all() and (anchors[2] < 40).all()  # 6 and 16 anchors have labels: 4 picked
+        assert all(len(set(row.tolist())) == 4 for row in anchors)
+    with pytest.raises(ValueError, match="cannot hold 4 blocks"):
+        make_blocks(sequences, last_valid, 4, 8, 1, 4.0, torch.Generator(), first_anchor=55)
+
+
+def test_rollout_prompts_start_at_distinct_positions() -> None:
+    for positions in (1, 7, 1000, 123_457):
+        count = min(positions, 5000)
+        starts = prompt_starts(positions, 0, count, seed=3)
+        assert len(set(starts.tolist())) == count and int(starts.min()) >= 0 and int(starts.max()) < positions
+    first, second = prompt_starts(10_000, 0, 300, 1), prompt_starts(10_000, 300, 300, 1)
+    assert not set(first.tolist()) & set(second.tolist())  # the next shard continues the same order
+    assert torch.equal(prompt_starts(10_000, 300, 300, 1), second)
+
+
+def test_the_budget_ends_at_its_steps_or_its_seconds_with_a_cosine_rate() -> None:
+    budget = TrainBudget(
+        max_steps=1000, max_seconds=60.0, warmup_steps=10, peak_lr=1.0, final_lr_fraction=0.1
+    )
+    assert budget.learning_rate(0, 0.0) == pytest.approx(0.1)  # warming up
+    assert budget.learning_rate(500, 0.0) == pytest.approx(0.55)  # half way by steps
+    assert budget.learning_rate(10, 30.0) == pytest.approx(0.55)  # half way by time
+    assert not budget.done(999, 59.0) and budget.done(1000, 0.0) and budget.done(1, 60.0)
+
+
+def test_a_signal_asks_the_loops_to_stop_at_their_next_check() -> None:
+    limit = ChunkLimit(None)
+    with limit.catching_signals():
+        assert not limit.reached()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert limit.reached() and limit.reason == "SIGTERM received"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert ChunkLimit(0.0).reached() and ChunkLimit(0.0).reason == "time limit of this invocation"
+
+
+def test_the_tokenizer_learns_from_an_evenly_spread_sample() -> None:
+    texts = [f"text {i:05d}" for i in range(10)]  # 10 characters each
+    assert tokenizer_sample(texts, max_bytes=30) == texts[::4]
+    assert tokenizer_sample(texts, max_bytes=1000) == texts

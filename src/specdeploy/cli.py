@@ -6,10 +6,10 @@ import sys
 
 import typer
 
-from specdeploy import demo
 from specdeploy import generate as generate_command
 from specdeploy.bench import commands as bench_commands
 from specdeploy.campaign import commands as campaign_commands
+from specdeploy.demo import command as demo_command
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.errors import SpecdeployError
 from specdeploy.lab import commands as lab_commands
@@ -49,7 +49,7 @@ app.command("serve")(server_commands.serve)
 app.command("load")(server_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
 app.add_typer(lab_commands.app, name="lab")
-app.command("demo")(demo.demo)
+app.command("demo")(demo_command.demo)
 deploy_commands.register(app)  # up, down, status, logs, image build
 plan_commands.register(app)  # plan, recipes
 app.command("lock")(lock_commands.lock)

@@ -41,6 +41,7 @@ from specdeploy.deploy.deployment import (
     GreedyReference,
     deploy_down,
     deploy_up,
+    deployment_facts,
     deployment_status,
     load_deployment,
 )
@@ -312,21 +313,7 @@ class CampaignRun:
 
     def facts(self, server: ServerConfig, deployment: Deployment) -> dict[str, Any]:
         """What the bench run's manifest records about the deployment behind it."""
-        plan = server.plan
-        return {
-            "campaign": self.spec.name,
-            "server": server.id,
-            "recipe": plan.recipe,
-            "hardware": plan.hardware,
-            "interconnect": plan.gpus.interconnect,
-            "mode": plan.mode,
-            "budget": plan.budget,
-            "tp": plan.tp,
-            "engine": f"{plan.engine.name} {plan.engine.version}",
-            "deploy_dir": str(deployment.run_dir),
-            "plan": plan.to_json_dict(),
-            "deploy_manifest": deployment.manifest.model_dump(mode="json") if deployment.manifest else None,
-        }
+        return {"campaign": self.spec.name, "server": server.id, **deployment_facts(server.plan, deployment)}
 
 
 def run_campaign(

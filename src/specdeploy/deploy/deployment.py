@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from huggingface_hub import HfApi
@@ -223,6 +224,22 @@ def deploy_up(
     running = record.model_copy(update={"state": "running", "updated_at": utc_now()})
     write_state(run_dir, running)
     return Deployment(run_dir=run_dir, record=running, manifest=manifest)
+
+
+def deployment_facts(plan: LaunchPlan, deployment: Deployment) -> dict[str, Any]:
+    """What a bench run's manifest records about the deployment behind it (reports group runs by these)."""
+    return {
+        "recipe": plan.recipe,
+        "hardware": plan.hardware,
+        "interconnect": plan.gpus.interconnect,
+        "mode": plan.mode,
+        "budget": plan.budget,
+        "tp": plan.tp,
+        "engine": f"{plan.engine.name} {plan.engine.version}",
+        "deploy_dir": str(deployment.run_dir),
+        "plan": plan.to_json_dict(),
+        "deploy_manifest": deployment.manifest.model_dump(mode="json") if deployment.manifest else None,
+    }
 
 
 def load_deployment(run_dir: Path) -> Deployment:

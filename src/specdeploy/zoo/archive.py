@@ -33,5 +33,10 @@ def archive_pair(pair_dir: Path, archive_dir: Path, part_bytes: int) -> list[Pat
 
 
 def _skip_temporaries(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    # Checkpoint folders being written or swapped out (see checkpoint.save_atomically) are not the model.
-    return None if any(part.endswith((".tmp", ".old")) for part in info.name.split("/")) else info
+    # Checkpoint folders being written or swapped out (see checkpoint.save_atomically), the resume state
+    # and the lock are not the model.
+    parts = info.name.split("/")
+    skip = any(part.endswith((".tmp", ".old")) for part in parts) or (
+        len(parts) > 1 and parts[1] in ("state", ".lock")
+    )
+    return None if skip else info

@@ -1,4 +1,6 @@
-"""A zoo pair's card.md: what it is, what it learned from, how long, final losses and measured tau."""
+"""A zoo pair's card.md, written from its files only: what it is, what it learned from and for how long
+(train_log.json and the shared corpus.json), the command that trains it again, and the acceptance measured
+on held-out prompts with the command that measured it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy.zoo.registry import ZooPair
+from specdeploy.zoo.settings import DataOptions, TrainSettings
 from specdeploy.zoo.table import ModeRow, markdown_table
 
 
@@ -19,26 +22,41 @@ class Evaluation:
     command: str
 
 
-def corpus_summary(corpus_manifest: dict) -> str:
-    roots = ", ".join(corpus_manifest.get("roots", []))
-    files = corpus_manifest.get("num_files", {})
-    size = corpus_manifest.get("num_bytes", {})
+def corpus_summary(corpus: dict) -> str:
+    files, size = corpus.get("num_files", {}), corpus.get("num_bytes", {})
+    packages = ", ".join(f"{p['name']}=={p['version']}" for p in corpus.get("packages", [])) or "none"
     return (
-        f"Python {corpus_manifest.get('python_version')} source: {roots}; {files.get('train')} training files "
-        f"({size.get('train', 0) / 1e6:.1f} MB), {files.get('held_out')} held out "
-        f"({corpus_manifest.get('held_out_rule')})"
+        f"Python {corpus.get('python_version')} source ({', '.join(corpus.get('roots', []))}; PyPI packages: "
+        f"{packages}); {files.get('train')} training files ({size.get('train', 0) / 1e6:.1f} MB), "
+        f"{files.get('held_out')} held out ({corpus.get('held_out_rule')})"
     )
+
+
+def train_command(pair: ZooPair, log: dict, corpus: dict) -> str:
+    """The `zoo train` invocation that repeats this run: its corpus pins and every non-default option."""
+    gpu = any(chunk["device"] != "cpu" for chunk in log.get("chunks", []))
+    parts = ["specdeploy zoo train --out OUT", f"--pair {pair.name}", *(["--device cuda"] if gpu else [])]
+    parts += [
+        "--max-minutes 8",
+        *(f"--corpus-package {p['name']}=={p['version']}" for p in corpus.get("packages", [])),
+    ]
+    data_defaults = DataOptions()
+    for name in ("vocab_size", "max_files"):
+        value = log.get("corpus", {}).get(name)
+        if value != getattr(data_defaults, name):
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    defaults = TrainSettings().__dict__
+    for name, value in log.get("settings", {}).items():
+        if name in defaults and value != defaults[name]:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    return " ".join(parts)
 
 
 def render_card(pair: ZooPair, evaluation: Evaluation | None) -> str:
     """The card; without an evaluation (a target the reference engine cannot run) it says so."""
     log = pair.train_log()
+    corpus = pair.corpus()
     spec = pair.spec
-    target, draft = log.get("target", {}), log.get("draft", {})
-    corpus_file = pair.directory / "corpus.json"
-    corpus = json.loads(corpus_file.read_text()) if corpus_file.is_file() else {}
-    versions = log.get("versions", {})
-    settings = log.get("settings", {})
     rows = evaluation.rows if evaluation is not None else []
     dflash = next((r for r in rows if r.label == "dflash"), None)
     summary = f"{spec.description}; DFlash drafter, block {spec.block_size}"
@@ -55,62 +73,65 @@ def render_card(pair: ZooPair, evaluation: Evaluation | None) -> str:
         f"{log.get('target_parameters', 0) / 1e6:.2f}M parameters, bf16 safetensors",
         f"- drafter: DFlash (z-lab format), {log.get('draft_parameters', 0) / 1e6:.2f}M parameters, "
         f"block size {spec.block_size}, target layers {_draft_layers(pair.draft_dir)}",
-        "- tokenizer: byte-level BPE, 2048 tokens, `<|endoftext|>` (EOS) and `<|mask|>` (drafter mask)",
+        "- tokenizer: byte-level BPE, `<|endoftext|>` (EOS) and `<|mask|>` (drafter mask)",
         "",
         "## Training",
         "",
-        f"- corpus: {corpus_summary(corpus)}; file list with sha256 in `corpus.json`",
-        f"- target: {target.get('steps')} steps in {target.get('seconds')} s, batch {settings.get('target_batch')} x "
-        f"{settings.get('seq_len')} tokens; final train loss {target.get('final_train_loss')}, held-out loss "
-        f"{target.get('held_out_loss')}",
-        f"- drafter data: {log.get('rollouts', {}).get('sequences')} greedy target continuations of "
-        f"{settings.get('rollout_new_tokens')} tokens after {settings.get('rollout_prompt')}-token corpus prefixes",
-        f"- drafter: {draft.get('steps')} steps in {draft.get('seconds')} s, batch {settings.get('draft_batch')} x "
-        f"{settings.get('blocks_per_sequence')} blocks; final loss {draft.get('final_train_loss')} "
-        f"(slot weights exp(-(i-1)/{spec.loss_gamma}))",
-        *_memorisation_lines(log),
-        *_retrain_lines(log.get("draft_retrain")),
-        f"- on {log.get('device')}, seed {settings.get('seed')}, Python {versions.get('python')}, torch "
-        f"{versions.get('torch')}, transformers {versions.get('transformers')}; full log in `train_log.json`",
+        *_training_lines(log, corpus, spec.loss_gamma),
+        "",
+        f"Train it again (run the command until it says finished; each run stops within about 8 minutes): "
+        f"`{train_command(pair, log, corpus)}`",
         "",
         "## Acceptance on held-out prompts",
         "",
-        *(_evaluation_lines(evaluation) if evaluation is not None else _no_evaluation_lines(draft)),
+        *(_evaluation_lines(evaluation) if evaluation is not None else _no_evaluation_lines()),
     ]
     return "\n".join(lines)
 
 
-def _memorisation_lines(log: dict) -> list[str]:
-    """A warning when the drafter saw its few rollouts many times over: it then memorises them."""
-    sequences = log.get("rollouts", {}).get("sequences") or 0
-    passes = (
-        (log.get("draft", {}).get("steps") or 0)
-        * log.get("settings", {}).get("draft_batch", 0)
-        / max(1, sequences)
-    )
-    if passes < 10:
-        return []
+def _training_lines(log: dict, corpus: dict, gamma: float) -> list[str]:
+    settings = log.get("settings", {})
+    target, rollouts, draft = log.get("target", {}), log.get("rollouts", {}), log.get("draft", {})
+    chunks = log.get("chunks", [])
+    devices = ", ".join(dict.fromkeys(c["device"] for c in chunks)) or "-"
+    versions = chunks[-1]["versions"] if chunks else {}
     return [
-        f"- caution: the drafter saw each of its {sequences} rollouts about {passes:.0f} times and memorised them "
-        "(near-perfect training accuracy, low acceptance on new text); more rollouts would fix this"
+        f"- corpus: {corpus_summary(corpus)}; every file with its sha256 in `../corpus.json`",
+        f"- target: {target.get('steps')} steps in {target.get('seconds')} s, batch {settings.get('target_batch')} "
+        f"x {settings.get('seq_len')} tokens ({target.get('tokens_seen', 0) / 1e6:,.1f}M tokens); final train loss "
+        f"{target.get('final_train_loss')}, held-out loss {target.get('held_out_loss')}",
+        f"- drafter data: {rollouts.get('sequences')} greedy target continuations of "
+        f"{settings.get('rollout_new_tokens')} tokens after {settings.get('rollout_prompt')}-token prefixes of the "
+        f"training split, {rollouts.get('distinct_prompts')} distinct prompts, in {rollouts.get('seconds', 0):.0f} s",
+        f"- drafter: {draft.get('steps')} steps in {draft.get('seconds')} s, batch {settings.get('draft_batch')} "
+        f"rollouts x {settings.get('blocks_per_sequence')} blocks, {draft.get('passes_over_rollouts')} passes over "
+        f"the rollouts; final loss {draft.get('final_train_loss')} (labels: the target's greedy tokens; slot "
+        f"weights exp(-(i-1)/{gamma}))",
+        *_memorisation_lines(draft, rollouts),
+        f"- trained in {len(chunks)} invocation{'' if len(chunks) == 1 else 's'} of `zoo train` on {devices}, seed "
+        f"{settings.get('seed')}, Python "
+        f"{versions.get('python')}, torch {versions.get('torch')}, transformers {versions.get('transformers')}; "
+        "full log (every chunk, loss history) in `train_log.json`",
     ]
 
 
-def _retrain_lines(runs: list[dict] | None) -> list[str]:
+def _memorisation_lines(draft: dict, rollouts: dict) -> list[str]:
+    """A warning when the drafter saw its rollouts many times over: it then memorises them."""
+    passes = draft.get("passes_over_rollouts") or 0
+    if passes < 10:
+        return []
     return [
-        f"- drafter, continued: {run.get('steps')} steps in {run.get('seconds')} s on {run.get('device')}, "
-        f"batch {run.get('settings', {}).get('draft_batch')} x {run.get('settings', {}).get('blocks_per_sequence')} "
-        f"blocks of {run.get('data')}; final loss {run.get('final_train_loss')} (`zoo train --draft-only`, seed "
-        f"{run.get('settings', {}).get('seed')})"
-        for run in runs or []
+        f"- caution: the drafter saw each of its {rollouts.get('sequences')} rollouts about {passes:.0f} times "
+        "and may have memorised them (high training accuracy, low acceptance on new text); more rollouts fix this"
     ]
 
 
 def _evaluation_lines(evaluation: Evaluation) -> list[str]:
     return [
         f"{len(evaluation.prompt_sources)} prompts cut from held-out files of the Python "
-        f"{evaluation.python_version} stdlib, greedy, up to {evaluation.max_new_tokens} new tokens, "
-        "reference engine on CPU (float32). tau = tokens committed per verify step, bonus included.",
+        f"{evaluation.python_version} stdlib (none whose bytes are among the training files), greedy, up to "
+        f"{evaluation.max_new_tokens} new tokens, reference engine on CPU (float32, one thread). tau = tokens "
+        "committed per verify step, bonus included; tokens/s and speedup are of this engine in-process.",
         "",
         markdown_table(evaluation.rows),
         "",
@@ -119,16 +140,8 @@ def _evaluation_lines(evaluation: Evaluation) -> list[str]:
     ]
 
 
-def _no_evaluation_lines(draft_log: dict) -> list[str]:
-    history = draft_log.get("history") or [{}]
-    accuracy = history[-1].get("slot_accuracy", [])
-    return [
-        "Not measured: the reference engine cannot run Gated DeltaNet layers yet, so no decoding loop can",
-        "verify this target's drafts here. The weights load with transformers (`AutoModelForCausalLM`).",
-        f"Last training batch, drafter top-1 accuracy per block slot 1..{len(accuracy)} on target rollouts: "
-        f"{', '.join(f'{a:.2f}' for a in accuracy)}.",
-        "",
-    ]
+def _no_evaluation_lines() -> list[str]:
+    return ["Not measured: the reference engine cannot decode this target's family.", ""]
 
 
 def _architecture(target_dir: Path) -> str:

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from specdeploy.zoo.registry import get_pair, zoo_pairs
 
+EVAL_BUDGETS = (16, 32)  # the demo's default budget and the one the zoo's quality bar names
+
 
 def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per pair.")] = False,
@@ -57,7 +59,9 @@ def eval_command(
     name: Annotated[str, typer.Argument(help="Zoo pair, e.g. tiny-code.")],
     prompts: Annotated[int, typer.Option("--prompts", help="Held-out prompts to decode.")] = 8,
     max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 128,
-    budget: Annotated[int, typer.Option(help="DDTree node budget.")] = 32,
+    budgets: list[int] = typer.Option(
+        list(EVAL_BUDGETS), "--budget", help="DDTree node budget (repeat the option for several)."
+    ),
     write_card: Annotated[bool, typer.Option("--write-card", help="Rewrite the pair's card.md.")] = False,
 ) -> None:
     """Measure tau and tokens/s per mode (ar, dflash, ddtree) on held-out prompts with the reference engine."""
@@ -69,7 +73,7 @@ def eval_command(
         if write_card:
             evaluate.write_card(name, None)  # the card then says why it has no tau
         return
-    evaluation = evaluate.evaluate_pair(name, prompts, max_new_tokens, budget, say=typer.echo)
+    evaluation = evaluate.evaluate_pair(name, tuple(budgets), prompts, max_new_tokens, say=typer.echo)
     Console().print(mode_table(evaluation.rows, f"{name}: {prompts} held-out prompts, greedy"))
     if write_card:
         evaluate.write_card(name, evaluation)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.card import Evaluation, render_card
 from specdeploy.zoo.measure import ModeSpec, run_modes
 from specdeploy.zoo.prompts import held_out_prompts
-from specdeploy.zoo.registry import get_pair
+from specdeploy.zoo.registry import MODELS_DIR, get_pair
 from specdeploy.zoo.table import mode_rows
 from specdeploy.zoo.tokenizer import load_tokenizer
 
@@ -22,17 +23,24 @@ def engine_can_run(name: str) -> bool:
 
 def evaluate_pair(
     name: str,
+    budgets: tuple[int, ...],
     num_prompts: int = 8,
     max_new_tokens: int = 128,
-    budget: int = 32,
     say: Callable[[str], None] | None = None,
+    models_dir: Path = MODELS_DIR,
 ) -> Evaluation:
-    pair = get_pair(name)
+    pair = get_pair(name, models_dir)
     if pair.spec.family not in ENGINE_FAMILIES:
         raise SpecdeployError(f"{name}: {pair.spec.engine_support}, so it cannot be evaluated")
+    if not pair.corpus_path.is_file():
+        raise SpecdeployError(
+            f"no corpus record at {pair.corpus_path}: without it no prompt can be shown to be held out; "
+            "copy the training run's corpus.json there"
+        )
     tokenizer = load_tokenizer(pair.target_dir)
-    prompts, sources = held_out_prompts(lambda text: tokenizer.encode(text), num_prompts)
-    modes = (ModeSpec("ar"), ModeSpec("dflash"), ModeSpec("ddtree", budget))
+    trained = {f["sha256"] for f in pair.corpus()["files"] if f["split"] == "train"}
+    prompts, sources = held_out_prompts(lambda text: tokenizer.encode(text), num_prompts, trained)
+    modes = (ModeSpec("ar"), ModeSpec("dflash"), *(ModeSpec("ddtree", b) for b in budgets))
     results = run_modes(
         pair.target_dir,
         pair.draft_dir,
@@ -41,10 +49,13 @@ def evaluate_pair(
         max_new_tokens,
         say=say,
     )
-    command = f"specdeploy zoo eval {name} --prompts {num_prompts} --max-new-tokens {max_new_tokens} --budget {budget}"
+    command = (
+        f"specdeploy zoo eval {name} --prompts {num_prompts} --max-new-tokens {max_new_tokens} "
+        + " ".join(f"--budget {b}" for b in budgets)
+    )
     return Evaluation(mode_rows(results), sources, max_new_tokens, platform.python_version(), command)
 
 
-def write_card(name: str, evaluation: Evaluation | None) -> None:
-    pair = get_pair(name)
+def write_card(name: str, evaluation: Evaluation | None, models_dir: Path = MODELS_DIR) -> None:
+    pair = get_pair(name, models_dir)
     pair.card_path.write_text(render_card(pair, evaluation))

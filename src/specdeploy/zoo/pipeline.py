@@ -1,24 +1,25 @@
-"""Training the zoo end to end: corpus -> tokenizer -> per pair: target, greedy rollouts, drafter.
+"""Training the zoo in resumable chunks: shared data, then per pair: target -> greedy rollouts -> drafter.
 
-Output layout (each pair folder is what ships):
-    OUT/corpus.json                      what was read, with sha256 and split of every file
-    OUT/tokenizer/                       the shared BPE tokenizer
-    OUT/tokens/{train,held_out}.pt       the encoded corpus, reused by every pair
-    OUT/<pair>/target/                   transformers checkpoint (config.json, bf16 safetensors, tokenizer)
-    OUT/<pair>/draft/                    DFlash drafter in z-lab's format
-    OUT/<pair>/train_log.json            settings, versions, steps, losses
+One invocation works until its time limit (or SIGTERM / Ctrl-C), checkpoints and returns; the next one, with
+the same options, continues where it stopped, until every stage's budget is spent.
+
+Output layout (OUT/corpus.json and each pair's target/, draft/ and train_log.json are what ships):
+    OUT/corpus.json, OUT/tokenizer/, OUT/tokens/    shared data (see zoo/data.py)
+    OUT/<pair>/target/           transformers checkpoint (config.json, bf16 safetensors, tokenizer)
+    OUT/<pair>/draft/            DFlash drafter in z-lab's format
+    OUT/<pair>/train_log.json    settings, corpus, every stage's steps, losses and history, every chunk
+    OUT/<pair>/state/            resume state: fp32 weights, optimizer, generators, rollout shards
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import multiprocessing
 import os
 import platform
-import random
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -26,313 +27,354 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter
-from specdeploy.engine.drafter_config import build_target_layer_ids
-from specdeploy.engine.loading import load_drafter, save_drafter
+from specdeploy.engine.loading import save_drafter
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.archive import archive_pair
 from specdeploy.zoo.checkpoint import bf16_state_dict, save_atomically
-from specdeploy.zoo.corpus import collect_corpus
-from specdeploy.zoo.rollouts import greedy_rollouts
+from specdeploy.zoo.chunk import ChunkLimit
+from specdeploy.zoo.data import CORPUS_FILE, prepare_data
+from specdeploy.zoo.locks import exclusive
+from specdeploy.zoo.loop import Resumable, train_loop
+from specdeploy.zoo.rollouts import RolloutStore, distinct_prompts, generate_rollouts
 from specdeploy.zoo.schedule import TrainBudget
-from specdeploy.zoo.specs import MAX_POSITIONS, VOCAB_SIZE, PairSpec, pair_spec, target_config
-from specdeploy.zoo.tokenizer import EOS_TOKEN, MASK_TOKEN, encode_documents, load_tokenizer, train_tokenizer
-from specdeploy.zoo.train_drafter import last_valid_positions, train_drafter
-from specdeploy.zoo.train_target import sample_windows, train_target
+from specdeploy.zoo.settings import ChunkOptions, DataOptions, TrainSettings
+from specdeploy.zoo.specs import PairSpec, drafter_config, pair_spec, target_config
+from specdeploy.zoo.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer
+from specdeploy.zoo.train_drafter import drafter_optimizer, drafter_step, last_valid_positions
+from specdeploy.zoo.train_target import held_out_loss, target_optimizer, target_step
+
+STAGES = ("target", "rollouts", "draft", "done")
+LOG_FILE = "train_log.json"
 
 
-@dataclass
-class TrainSettings:
-    seed: int = 0
-    device: str = "cpu"
-    scale: float = 1.0  # model width factor; < 1 for quick runs
-    vocab_size: int = VOCAB_SIZE
-    max_files: int | None = None
-    target_steps: int = 100_000
-    target_seconds: float = 180.0
-    target_batch: int = 64
-    target_lr: float = 2e-3
-    seq_len: int = 512
-    rollout_prompt: int = 64
-    rollout_new_tokens: int = 192
-    rollout_batch: int = 256
-    rollout_batches: int = 1000
-    rollout_seconds: float = 45.0
-    draft_steps: int = 100_000
-    draft_seconds: float = 120.0
-    draft_batch: int = 64
-    draft_lr: float = 2e-3
-    blocks_per_sequence: int = 16
-    checkpoint_every: int = 500
-    archive_part_bytes: int = 15 << 20
-
-
-def prepare_data(
-    out: Path, corpus_roots: list[Path] | None, settings: TrainSettings, say: Callable[[str], None]
-) -> None:
-    """Collect the corpus, train the tokenizer and encode both splits (once, shared by all pairs)."""
-    corpus = collect_corpus(corpus_roots, settings.max_files)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus.write_manifest(out / "corpus.json")
-    say(
-        f"corpus: Python {corpus.python_version}, {len(corpus.split('train'))} train files, "
-        f"{len(corpus.split('held_out'))} held-out files"
-    )
-    train_texts = corpus.texts("train")
-    tokenizer = train_tokenizer(train_texts, settings.vocab_size)
-    tokenizer.save_pretrained(str(out / "tokenizer"))
-    (out / "tokens").mkdir(exist_ok=True)
-    for split, texts in (("train", train_texts), ("held_out", corpus.texts("held_out"))):
-        stream = encode_documents(tokenizer, texts)
-        torch.save(stream, out / "tokens" / f"{split}.pt")
-        say(f"tokens: {split} {stream.numel():,}")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def drafter_config(spec: PairSpec, target_cfg, mask_token_id: int, scale: float) -> dict:
-    num_layers = spec.draft_layers if scale >= 1 else 1
-    num_target_layers = target_cfg.num_hidden_layers
+def versions() -> dict:
     return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": target_cfg.hidden_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": spec.draft_heads,
-        "num_key_value_heads": spec.draft_kv_heads,
-        "head_dim": spec.draft_head_dim,
-        "intermediate_size": max(64, int(spec.draft_intermediate * scale)),
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "vocab_size": target_cfg.vocab_size,
-        "max_position_embeddings": MAX_POSITIONS,
-        "rope_theta": 10000.0,
-        "num_target_layers": num_target_layers,
-        "block_size": spec.block_size,
-        "dflash_config": {
-            "target_layer_ids": build_target_layer_ids(num_target_layers, num_layers),
-            "mask_token_id": mask_token_id,
-        },
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
     }
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def train_pair(
-    name: str, out: Path, settings: TrainSettings, archive_dir: Path | None, threads: int | None = None
-) -> dict:
-    """Train one pair's target and drafter; checkpoints (and archives) as it goes; returns its log."""
-    spec = pair_spec(name)
-    if threads is not None:
-        torch.set_num_threads(threads)  # side-by-side workers would otherwise oversubscribe the cores
+def write_json_atomically(path: Path, value: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
 
-    def say(message: str) -> None:
-        print(f"[{name}] {message}", flush=True)
 
-    seed_everything(settings.seed)
-    device = torch.device(settings.device)
-    tokenizer = load_tokenizer(out / "tokenizer")
-    eos, mask = tokenizer.convert_tokens_to_ids([EOS_TOKEN, MASK_TOKEN])
-    train_stream = torch.load(out / "tokens" / "train.pt").to(device)
-    held_out_stream = torch.load(out / "tokens" / "held_out.pt").to(device)
-    pair_dir = out / name
-    pair_dir.mkdir(parents=True, exist_ok=True)
-    log: dict = {
-        "pair": asdict(spec),
-        "settings": asdict(settings),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-    }
+class PairRun:
+    """One pair's training run in OUT/<pair>: its log, its stages, and this invocation's chunk."""
 
-    def save_log_and_archive() -> None:
-        (pair_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        if archive_dir is not None:
-            archive_pair(pair_dir, archive_dir, settings.archive_part_bytes)
+    def __init__(
+        self,
+        spec: PairSpec,
+        out: Path,
+        settings: TrainSettings,
+        data: dict,
+        chunk: ChunkOptions,
+        limit: ChunkLimit,
+    ) -> None:
+        self.spec, self.out, self.settings, self.chunk, self.limit = spec, out, settings, chunk, limit
+        self.dir = out / spec.name
+        self.state = self.dir / "state"
+        self.device = torch.device(chunk.device)
+        self.tokenizer = load_tokenizer(out / "tokenizer")
+        self.eos, self.mask = self.tokenizer.convert_tokens_to_ids([EOS_TOKEN, MASK_TOKEN])
+        self.log = self.open_log(data)
+        self.chunk_record = {
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": device_name(self.device),
+            "versions": versions(),
+            "stages": [],
+            "seconds": 0.0,
+            "ended": "running",
+        }
+        self.started = time.monotonic()
 
-    cfg = target_config(spec, eos, settings.scale)
-    cfg.vocab_size = len(tokenizer)
-    target = AutoModelForCausalLM.from_config(cfg).to(device)
-    log["target_parameters"] = count_parameters(target)
-    say(f"target {spec.family}: {log['target_parameters'] / 1e6:.2f}M parameters")
+    def say(self, message: str) -> None:
+        print(f"[{self.spec.name}] {message}", flush=True)
 
-    def save_target() -> None:
-        def write(tmp: Path) -> None:
-            target.config.dtype = torch.bfloat16  # what the safetensors hold
-            target.save_pretrained(str(tmp), state_dict=bf16_state_dict(target))
-            tokenizer.save_pretrained(str(tmp))
+    def open_log(self, data: dict) -> dict:
+        path = self.dir / LOG_FILE
+        settings = asdict(self.settings)
+        if path.is_file():
+            log = json.loads(path.read_text())
+            changed = sorted(k for k, v in settings.items() if log["settings"].get(k) != v)
+            changed += sorted(f"pair {k}" for k, v in asdict(self.spec).items() if log["pair"].get(k) != v)
+            if changed:
+                raise SpecdeployError(
+                    f"{self.dir} holds a run with other settings ({', '.join(changed)}): continue it with the "
+                    "same options, or choose another --out"
+                )
+            if log["corpus"]["sha256"] != data["corpus_sha256"]:
+                raise SpecdeployError(
+                    f"{self.dir} was trained on other data than {self.out / CORPUS_FILE} holds"
+                )
+            return log
+        return {
+            "pair": asdict(self.spec),
+            "settings": settings,
+            "corpus": {
+                "file": CORPUS_FILE,
+                "sha256": data["corpus_sha256"],
+                "tokens": data["tokens"],
+                "vocab_size": data["options"]["vocab_size"],
+                "max_files": data["options"]["max_files"],
+            },
+            "stage": STAGES[0],
+            "chunks": [],
+        }
 
-        save_atomically(pair_dir / "target", write)
-        save_log_and_archive()
+    def save_log(self) -> None:
+        self.chunk_record["seconds"] = round(time.monotonic() - self.started, 1)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(self.dir / LOG_FILE, self.log)
+        if self.chunk.archive_dir is not None:
+            archive_pair(self.dir, self.chunk.archive_dir, self.chunk.archive_part_bytes)
 
-    target_log = train_target(
-        target,
-        train_stream,
-        held_out_stream,
-        TrainBudget(settings.target_steps, settings.target_seconds, peak_lr=settings.target_lr),
-        settings.target_batch,
-        settings.seq_len,
-        settings.seed,
-        save_target,
-        settings.checkpoint_every,
-        say=say,
-    )
-    log["target"] = {**target_log.summary(), "history": target_log.history}
-    save_log_and_archive()
+    def stream(self, split: str) -> torch.Tensor:
+        return torch.load(self.out / "tokens" / f"{split}.pt").to(self.device)
 
-    sequences = greedy_rollouts(
-        target,
-        train_stream,
-        settings.rollout_prompt,
-        settings.rollout_new_tokens,
-        settings.rollout_batch,
-        settings.rollout_seconds,
-        settings.rollout_batches,
-        eos,
-        settings.seed,
-        say=say,
-    )
-    last_valid = last_valid_positions(sequences, settings.rollout_prompt, eos)
-    log["rollouts"] = {
-        "sequences": sequences.shape[0],
-        "length": sequences.shape[1],
-        "prompt": settings.rollout_prompt,
-    }
+    def run(self) -> bool:
+        """Work through the stages until done (True) or this chunk's limit (False)."""
+        stage_functions = {
+            "target": self.train_target,
+            "rollouts": self.make_rollouts,
+            "draft": self.train_draft,
+        }
+        if self.log["stage"] == "done":
+            self.say("finished earlier; nothing to do")
+            return True
+        self.log["chunks"].append(self.chunk_record)
+        try:
+            while self.log["stage"] != "done" and not self.limit.reached():
+                stage = self.log["stage"]
+                self.chunk_record["stages"].append(stage)
+                if not stage_functions[stage]():
+                    break
+                self.log["stage"] = STAGES[STAGES.index(stage) + 1]
+                self.save_log()
+            self.chunk_record["ended"] = "finished" if self.log["stage"] == "done" else self.limit.reason
+        except BaseException as exc:
+            self.chunk_record["ended"] = f"error: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.save_log()
+        return self.log["stage"] == "done"
 
-    drafter = DFlashDrafter(drafter_config(spec, cfg, mask, settings.scale)).to(device)
-    log["draft_parameters"] = count_parameters(drafter)
-    say(f"drafter: {log['draft_parameters'] / 1e6:.2f}M parameters, block {spec.block_size}")
+    # -- target ------------------------------------------------------------------------------------------
 
-    def save_draft() -> None:
-        save_atomically(
-            pair_dir / "draft", lambda tmp: save_drafter(copy.deepcopy(drafter).to(torch.bfloat16), tmp)
+    def new_target(self) -> torch.nn.Module:
+        cfg = target_config(self.spec, self.eos, self.settings.scale)
+        cfg.vocab_size = len(self.tokenizer)
+        torch.manual_seed(self.settings.seed)
+        return AutoModelForCausalLM.from_config(cfg).to(self.device)
+
+    def shipped_target(self) -> torch.nn.Module:
+        """The saved bf16 target, in fp32: rollouts and the drafter see the weights verification will use."""
+        model = AutoModelForCausalLM.from_pretrained(str(self.dir / "target"), dtype=torch.float32)
+        return model.to(self.device)
+
+    def train_target(self) -> bool:
+        s = self.settings
+        model = self.new_target()
+        self.log["target_parameters"] = count_parameters(model)
+        run = Resumable(
+            self.state / "target.pt",
+            model,
+            target_optimizer(model, s.target_lr),
+            torch.Generator().manual_seed(s.seed),
         )
-        save_log_and_archive()
+        resumed = run.restore()
+        self.say(
+            f"target {self.spec.family}: {self.log['target_parameters'] / 1e6:.2f}M parameters, "
+            + (f"resuming at step {run.log.steps}" if resumed else "starting")
+        )
+        train, held_out = self.stream("train"), self.stream("held_out")
+        if held_out.numel() <= s.seq_len + 1:
+            raise SpecdeployError(
+                f"the held-out split has {held_out.numel()} tokens, not one window of --seq-len {s.seq_len}: give "
+                "more corpus files or a shorter --seq-len"
+            )
 
-    def rollout_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.randint(0, sequences.shape[0], (batch,), generator=generator)
-        return sequences[rows], last_valid[rows]
+        def evaluate() -> float:
+            return round(held_out_loss(model, held_out, s.target_batch, s.seq_len, 4, s.seed), 4)
 
-    draft_log = train_drafter(
-        drafter,
-        target,
-        rollout_batch,
-        False,
-        TrainBudget(settings.draft_steps, settings.draft_seconds, peak_lr=settings.draft_lr),
-        settings.draft_batch,
-        settings.blocks_per_sequence,
-        spec.loss_gamma,
-        settings.seed,
-        save_draft,
-        settings.checkpoint_every,
-        say=say,
-    )
-    log["draft"] = {**draft_log.summary(), "history": draft_log.history}
-    save_log_and_archive()
-    say("done")
-    return log
+        def checkpoint() -> None:
+            run.log.history.append(
+                {"step": run.log.steps, "held_out_loss": evaluate(), "s": round(run.log.seconds, 1)}
+            )
+            run.save()
+            self.log["target"] = {**run.log.summary(), "history": run.log.history}
+            self.save_log()
+
+        done = train_loop(
+            run,
+            TrainBudget(s.target_steps, 60 * s.target_minutes, peak_lr=s.target_lr),
+            target_step(model, train, s.target_batch, s.seq_len, run.generator),
+            self.limit,
+            checkpoint,
+            60 * self.chunk.checkpoint_minutes,
+            self.chunk.log_every,
+            "target",
+            self.say,
+        )
+        if done:
+            run.log.held_out_loss = evaluate()
+            self.say(f"target held-out loss {run.log.held_out_loss:.4f}")
+            self.log["target"] = {**run.log.summary(), "history": run.log.history}
+
+            def write(tmp: Path) -> None:
+                model.config.dtype = torch.bfloat16  # what the safetensors hold
+                model.save_pretrained(str(tmp), state_dict=bf16_state_dict(model))
+                self.tokenizer.save_pretrained(str(tmp))
+
+            save_atomically(self.dir / "target", write)
+        return done
+
+    # -- rollouts ----------------------------------------------------------------------------------------
+
+    def make_rollouts(self) -> bool:
+        s = self.settings
+        store = RolloutStore(self.state / "rollouts")
+        self.say(f"rollouts: {store.progress.sequences} of {s.rollouts} so far")
+
+        def record() -> None:
+            self.log["rollouts"] = {
+                **asdict(store.progress),
+                "length": s.rollout_prompt + s.rollout_new_tokens,
+                "prompt": s.rollout_prompt,
+            }
+            self.save_log()
+
+        def on_shard() -> None:
+            record()
+            self.say(f"rollouts: {store.progress.sequences} sequences in {store.progress.seconds:.0f} s")
+
+        done = generate_rollouts(
+            self.shipped_target(),
+            self.stream("train"),
+            store,
+            s.rollout_prompt,
+            s.rollout_new_tokens,
+            s.rollout_batch,
+            s.rollouts,
+            60 * s.rollout_minutes,
+            self.eos,
+            s.seed,
+            self.limit,
+            on_shard,
+        )
+        record()
+        if done:
+            self.log["rollouts"]["distinct_prompts"] = distinct_prompts(store.load(), s.rollout_prompt)
+        return done
+
+    # -- drafter -----------------------------------------------------------------------------------------
+
+    def train_draft(self) -> bool:
+        s = self.settings
+        target = self.shipped_target()
+        torch.manual_seed(s.seed + 1)  # the same initial drafter whichever chunk starts this stage
+        drafter = DFlashDrafter(drafter_config(self.spec, target.config, self.mask, s.scale)).to(self.device)
+        self.log["draft_parameters"] = count_parameters(drafter)
+        rows = RolloutStore(self.state / "rollouts").load()
+        last_valid = last_valid_positions(rows, s.rollout_prompt, self.eos)
+        run = Resumable(
+            self.state / "draft.pt",
+            drafter,
+            drafter_optimizer(drafter, s.draft_lr),
+            torch.Generator().manual_seed(s.seed),
+            extra={"epoch": 0, "cursor": 0},
+        )
+        resumed = run.restore()
+        self.say(
+            f"drafter: {self.log['draft_parameters'] / 1e6:.2f}M parameters, block {self.spec.block_size}, "
+            f"{rows.shape[0]} rollouts; " + (f"resuming at step {run.log.steps}" if resumed else "starting")
+        )
+        order = self.epoch_order(run.extra["epoch"], rows.shape[0])
+
+        def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+            """The next rows of this epoch's shuffled order: each rollout is seen once per pass."""
+            nonlocal order
+            position = run.extra
+            if position["cursor"] + s.draft_batch > rows.shape[0]:
+                position["epoch"], position["cursor"] = position["epoch"] + 1, 0
+                order = self.epoch_order(position["epoch"], rows.shape[0])
+            picked = order[position["cursor"] : position["cursor"] + s.draft_batch]
+            position["cursor"] += s.draft_batch
+            return rows[picked], last_valid[picked]
+
+        def checkpoint() -> None:
+            run.save()
+            self.log["draft"] = {
+                **run.log.summary(),
+                "passes_over_rollouts": round(run.log.steps * s.draft_batch / rows.shape[0], 2),
+                "history": run.log.history,
+            }
+            self.save_log()
+
+        step = drafter_step(
+            drafter,
+            target,
+            next_batch,
+            s.blocks_per_sequence,
+            self.spec.loss_gamma,
+            s.rollout_prompt
+            - 1,  # anchors on the last prompt token or later: labels are then the target's own
+            run.generator,
+        )
+        done = train_loop(
+            run,
+            TrainBudget(s.draft_steps, 60 * s.draft_minutes, peak_lr=s.draft_lr),
+            step,
+            self.limit,
+            checkpoint,
+            60 * self.chunk.checkpoint_minutes,
+            self.chunk.log_every,
+            "draft",
+            self.say,
+        )
+        if done:
+            save_atomically(
+                self.dir / "draft", lambda tmp: save_drafter(copy.deepcopy(drafter).to(torch.bfloat16), tmp)
+            )
+        return done
+
+    def epoch_order(self, epoch: int, rows: int) -> torch.Tensor:
+        return torch.randperm(
+            rows, generator=torch.Generator().manual_seed(self.settings.seed * 1_000_003 + epoch)
+        )
 
 
 def train_zoo(
     out: Path,
     pairs: list[str],
     settings: TrainSettings,
-    corpus_roots: list[Path] | None = None,
-    parallel: bool = False,
-    archive_dir: Path | None = None,
-    reuse_data: bool = False,
-) -> None:
-    """Prepare the data once (or reuse OUT's), then train each pair (side by side when `parallel`)."""
-    for name in pairs:
-        pair_spec(name)  # fail on a bad name before minutes of work
-    if not reuse_data:
-        prepare_data(out, corpus_roots, settings, print)
-    elif not (out / "tokens" / "train.pt").is_file() or not (out / "tokenizer").is_dir():
-        raise SpecdeployError(f"--reuse-data: {out} holds no tokenizer and tokens from an earlier run")
-    if not parallel:
-        for name in pairs:
-            train_pair(name, out, settings, archive_dir)
-        return
-    # Tiny models leave a big GPU mostly idle, so pairs train side by side; spawn keeps CUDA happy.
-    context = multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // len(pairs))
-    workers = [
-        context.Process(target=train_pair, args=(name, out, settings, archive_dir, threads)) for name in pairs
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    failed = [name for name, worker in zip(pairs, workers, strict=True) if worker.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"training failed for {', '.join(failed)}; see the log above")
-
-
-def retrain_drafter(pair_dir: Path, corpus_roots: list[Path] | None, settings: TrainSettings) -> dict:
-    """Continue training a pair's drafter against its frozen, already trained target on fresh corpus
-    windows, labelled with the target's greedy tokens; the log's `draft_retrain` list gains an entry."""
-    spec = pair_spec(pair_dir.name)
-
-    def say(message: str) -> None:
-        print(f"[{spec.name}] {message}", flush=True)
-
-    seed_everything(settings.seed)
-    device = torch.device(settings.device)
-    tokenizer = load_tokenizer(pair_dir / "target")
-    corpus = collect_corpus(corpus_roots, settings.max_files)
-    stream = encode_documents(tokenizer, corpus.texts("train")).to(device)
-    say(
-        f"corpus: Python {corpus.python_version}, {len(corpus.split('train'))} train files, {stream.numel():,} tokens"
-    )
-    target = AutoModelForCausalLM.from_pretrained(str(pair_dir / "target"), dtype=torch.float32).to(device)
-    drafter = load_drafter(pair_dir / "draft", device=device).train()
-    log = json.loads((pair_dir / "train_log.json").read_text())
-
-    def save_draft() -> None:
-        save_atomically(
-            pair_dir / "draft", lambda tmp: save_drafter(copy.deepcopy(drafter).to(torch.bfloat16), tmp)
-        )
-        (pair_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-
-    def window_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        windows = sample_windows(stream, batch, settings.seq_len, generator)
-        return windows, torch.full((batch,), settings.seq_len - 1)
-
-    draft_log = train_drafter(
-        drafter,
-        target,
-        window_batch,
-        True,
-        TrainBudget(settings.draft_steps, settings.draft_seconds, peak_lr=settings.draft_lr),
-        settings.draft_batch,
-        settings.blocks_per_sequence,
-        spec.loss_gamma,
-        settings.seed,
-        save_draft,
-        settings.checkpoint_every,
-        say=say,
-    )
-    log.setdefault("draft_retrain", []).append(
-        {
-            **draft_log.summary(),
-            "history": draft_log.history,
-            "data": f"{settings.seq_len}-token windows of the Python {corpus.python_version} corpus training split, "
-            "labelled with the target's greedy tokens",
-            "settings": asdict(settings),
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-            },
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        }
-    )
-    save_draft()
-    return log
+    data_options: DataOptions,
+    chunk: ChunkOptions,
+    limit: ChunkLimit | None = None,
+) -> dict[str, bool]:
+    """Prepare (or reuse) OUT's data, then train each pair in turn until done or this invocation's limit
+    (`limit`, by default --max-minutes from `chunk`). Returns each pair's state: True when finished.
+    """
+    specs = [pair_spec(name) for name in pairs]  # fail on a bad name before minutes of work
+    transformers.utils.logging.disable_progress_bar()  # a bar per save and load would bury the training log
+    limit = limit or ChunkLimit(None if chunk.max_minutes is None else 60 * chunk.max_minutes)
+    finished: dict[str, bool] = {}
+    with limit.catching_signals():
+        data = prepare_data(out, data_options, print)
+        for spec in specs:
+            if limit.reached():
+                finished[spec.name] = False
+                continue
+            with exclusive(out / spec.name / ".lock", wait=False, what=f"{out / spec.name}"):
+                finished[spec.name] = PairRun(spec, out, settings, data, chunk, limit).run()
+    return finished

@@ -24,16 +24,24 @@ DEMO_PROMPTS = (
 
 
 def held_out_prompts(
-    tokenize, count: int, prompt_tokens: int = 96, corpus_roots: list[Path] | None = None
+    tokenize,
+    count: int,
+    trained_sha256: set[str],
+    prompt_tokens: int = 96,
+    corpus_roots: list[Path] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """`count` prompts cut from held-out corpus files (never trained on), and the files they came from.
+    """`count` prompts cut from this Python's held-out stdlib files (default), and the files they came from.
 
-    Each prompt starts at the first line past a third of its file and runs for whole lines up to about
-    `prompt_tokens` tokens; files are taken in sorted path order, so the set is the same on every run.
+    A file whose bytes were trained on (`trained_sha256`: the training split of the pair's corpus record,
+    made on another machine whose copy of a file may sit at another path) is passed over. Each prompt starts
+    at the first line past a third of its file and runs for whole lines up to about `prompt_tokens` tokens;
+    files are taken in sorted path order, so the set is the same on every run.
     """
     corpus = collect_corpus(corpus_roots)
     prompts, sources = [], []
     for source in corpus.split("held_out"):
+        if source.sha256 in trained_sha256:
+            continue
         lines = corpus.read(source).splitlines(keepends=True)
         text, start = "", len(lines) // 3
         for line in lines[start:]:

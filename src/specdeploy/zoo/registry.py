@@ -1,4 +1,5 @@
-"""The shipped zoo: trained tiny pairs under `zoo/models/<name>/{target,draft}` and `zoo:` model names.
+"""The shipped zoo: trained tiny pairs under `zoo/models/<name>/{target,draft}`, the corpus record they
+share (`zoo/models/corpus.json`), and `zoo:` model names.
 
 Names: `zoo:NAME` (or `zoo:NAME/target`) is a pair's target, `zoo:NAME-draft` (or `zoo:NAME/draft`) its
 DFlash drafter. Anything else is taken as a local path.
@@ -37,6 +38,14 @@ class ZooPair:
     @property
     def card_path(self) -> Path:
         return self.directory / "card.md"
+
+    @property
+    def corpus_path(self) -> Path:
+        """The record of the corpus every pair of the folder was trained on (one file for all of them)."""
+        return self.directory.parent / "corpus.json"
+
+    def corpus(self) -> dict:
+        return json.loads(self.corpus_path.read_text()) if self.corpus_path.is_file() else {}
 
     @property
     def shipped(self) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from transformers import DeepseekV3Config, PretrainedConfig, Qwen3Config, Qwen3NextConfig
 
+from specdeploy.engine.drafter_config import new_drafter_config
 from specdeploy.errors import SpecdeployError
 
 VOCAB_SIZE = 2048
@@ -17,6 +18,10 @@ class PairSpec:
     name: str
     family: str  # the target's transformers model_type
     description: str
+    # The target's width and depth (heads and the family's extras follow in `target_config`).
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
     block_size: int
     draft_layers: int
     draft_heads: int
@@ -35,8 +40,13 @@ PAIRS: dict[str, PairSpec] = {
             name="tiny-code",
             family="qwen3",
             description="Qwen3 dense target on Python code",
+            # Sized for a 2-core CPU (benchmarks/zoo_sizes.py): deep and narrow keeps a speculative step near
+            # 2.3x an AR step at DDTree budget 16, and a 2-layer drafter costs about one AR step less than 3.
+            hidden_size=256,
+            num_layers=8,
+            intermediate_size=768,
             block_size=16,
-            draft_layers=3,
+            draft_layers=2,
             draft_heads=5,
             draft_kv_heads=1,
             draft_head_dim=64,
@@ -48,6 +58,9 @@ PAIRS: dict[str, PairSpec] = {
             name="tiny-mla",
             family="deepseek_v3",
             description="DeepSeek-V3 style target (MLA + MoE), a Kimi in miniature",
+            hidden_size=256,
+            num_layers=6,
+            intermediate_size=768,
             block_size=8,
             draft_layers=2,
             draft_heads=4,
@@ -61,6 +74,9 @@ PAIRS: dict[str, PairSpec] = {
             name="tiny-hybrid",
             family="qwen3_next",
             description="Qwen3-Next style hybrid target (full attention + Gated DeltaNet)",
+            hidden_size=256,
+            num_layers=6,
+            intermediate_size=768,
             block_size=16,
             draft_layers=2,
             draft_heads=4,
@@ -87,6 +103,7 @@ def target_config(spec: PairSpec, eos_token_id: int, scale: float = 1.0) -> Pret
         return max(multiple, int(n * scale) // multiple * multiple)
 
     full_size = scale >= 1
+    hidden, intermediate = width(spec.hidden_size, 64), width(spec.intermediate_size)
     common = dict(
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=MAX_POSITIONS,
@@ -99,20 +116,20 @@ def target_config(spec: PairSpec, eos_token_id: int, scale: float = 1.0) -> Pret
     )
     if spec.family == "qwen3":
         return Qwen3Config(
-            hidden_size=width(320, 64),
-            intermediate_size=width(896),
-            num_hidden_layers=8 if full_size else 4,
-            num_attention_heads=max(1, width(320, 64) // 64),
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=spec.num_layers if full_size else 4,
+            num_attention_heads=hidden // 64,
             num_key_value_heads=1,
             head_dim=64,
             **common,
         )
     if spec.family == "deepseek_v3":
         return DeepseekV3Config(
-            hidden_size=width(256, 64),
-            intermediate_size=width(768),
+            hidden_size=hidden,
+            intermediate_size=intermediate,
             moe_intermediate_size=width(160),
-            num_hidden_layers=6 if full_size else 4,
+            num_hidden_layers=spec.num_layers if full_size else 4,
             num_attention_heads=4,
             num_key_value_heads=4,
             first_k_dense_replace=1,  # like Kimi: the first layer dense, the rest MoE
@@ -130,10 +147,11 @@ def target_config(spec: PairSpec, eos_token_id: int, scale: float = 1.0) -> Pret
             **common,
         )
     if spec.family == "qwen3_next":
-        num_layers = 6 if full_size else 3  # at least one full-attention layer (the cache needs one)
+        # At least one full-attention layer (the cache needs one).
+        num_layers = spec.num_layers if full_size else 3
         return Qwen3NextConfig(
-            hidden_size=width(256, 64),
-            intermediate_size=width(768),
+            hidden_size=hidden,
+            intermediate_size=intermediate,
             num_hidden_layers=num_layers,
             num_attention_heads=4,
             num_key_value_heads=1,
@@ -150,3 +168,23 @@ def target_config(spec: PairSpec, eos_token_id: int, scale: float = 1.0) -> Pret
             **common,
         )
     raise SpecdeployError(f"pair {spec.name!r} has unknown family {spec.family!r}")
+
+
+def drafter_config(
+    spec: PairSpec, target_cfg: PretrainedConfig, mask_token_id: int, scale: float = 1.0
+) -> dict:
+    """The drafter's config.json (z-lab's layout) for a target built by `target_config`."""
+    return new_drafter_config(
+        hidden_size=target_cfg.hidden_size,
+        num_target_layers=target_cfg.num_hidden_layers,
+        vocab_size=target_cfg.vocab_size,
+        mask_token_id=mask_token_id,
+        block_size=spec.block_size,
+        num_layers=spec.draft_layers if scale >= 1 else 1,
+        num_heads=spec.draft_heads,
+        num_kv_heads=spec.draft_kv_heads,
+        head_dim=spec.draft_head_dim,
+        intermediate_size=max(64, int(spec.draft_intermediate * scale)),
+        max_position_embeddings=MAX_POSITIONS,
+        rope_theta=10000.0,
+    )

@@ -1,23 +1,24 @@
-"""Block-diffusion training of a DFlash drafter against a frozen target.
+"""Block-diffusion training of a DFlash drafter against a frozen target (DFlash's objective).
 
 Each training sequence gets several random anchor positions a. The block for anchor a is
 [x_a, MASK x (B-1)] at positions a..a+B-1; it sees the target's context features of positions < a and,
-non-causally, its own block, exactly as at decode time after committing x_a. Slot i predicts x_{a+i}.
-All blocks of a batch go through the drafter in one forward, kept apart by an explicit attention mask.
+non-causally, its own block, exactly as at decode time after committing x_a. Slot i (1..B-1) learns the
+target's greedy token at a+i given the sequence before it (what verification accepts at temperature 0),
+weighted exp(-(i-1)/gamma): early slots decide how much of a block is accepted. All blocks of a batch go
+through the drafter in one forward, kept apart by an explicit attention mask.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from specdeploy.zoo.schedule import TrainBudget
-from specdeploy.zoo.train_target import TrainLog, autocast
+from specdeploy.zoo.loop import StepOutcome
+from specdeploy.zoo.train_target import autocast
 
 IGNORE = -100
 
@@ -46,15 +47,22 @@ def make_blocks(
     mask_token_id: int,
     gamma: float,
     generator: torch.Generator,
+    first_anchor: int = 1,
 ) -> BlockBatch:
+    """Blocks at distinct random anchors in [first_anchor, S - B] of each row: every block has context and
+    all its labels inside the row. Anchors before the row's `last_valid` come first, so a rollout that ended
+    early still gives blocks with labels where it can."""
     batch, seq_len = sequences.shape
     device = sequences.device
-    # Distinct anchors per row in [1, S - B]: every block has context and all its labels inside the row.
-    candidates = seq_len - block_size
-    if candidates < num_blocks:
-        raise ValueError(f"sequences of {seq_len} tokens cannot hold {num_blocks} blocks of {block_size}")
-    anchors = torch.rand(batch, candidates, generator=generator).argsort(1)[:, :num_blocks] + 1
-    anchors = anchors.to(device)
+    candidates = seq_len - block_size - first_anchor + 1
+    if first_anchor < 1 or candidates < num_blocks:
+        raise ValueError(
+            f"sequences of {seq_len} tokens cannot hold {num_blocks} blocks of {block_size} from {first_anchor}"
+        )
+    positions = torch.arange(first_anchor, first_anchor + candidates)
+    scores = torch.rand(batch, candidates, generator=generator)
+    scores += (positions[None] >= last_valid.cpu()[:, None]).float()  # no label after the anchor: last
+    anchors = (scores.argsort(1)[:, :num_blocks] + first_anchor).to(device)
     offsets = torch.arange(block_size, device=device)
     block_pos = (anchors[:, :, None] + offsets).flatten(1)  # [b, n*B]
     slot = offsets.repeat(num_blocks)[None].expand(batch, -1)
@@ -91,18 +99,13 @@ def target_features(
 
 
 def drafter_loss(
-    drafter, target, sequences: torch.Tensor, blocks: BlockBatch, target_labels: bool = False
+    drafter, target, sequences: torch.Tensor, blocks: BlockBatch
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy over masked slots, and per-slot top-1 accuracy (for the log).
-
-    With `target_labels`, slot i learns the target's greedy token at anchor+i (given the true prefix)
-    instead of the text's own token: what verification accepts at temperature 0.
-    """
+    """Weighted cross-entropy over masked slots against the target's greedy tokens, and per-slot top-1
+    accuracy (for the log). `blocks` comes back with those labels in place of the sequence's own tokens."""
     context, greedy = target_features(target, sequences, list(drafter.target_layer_ids))
-    if target_labels:
-        block_positions = blocks.positions[:, sequences.shape[1] :]
-        labels = torch.where(blocks.labels == IGNORE, IGNORE, greedy.gather(1, block_positions))
-        blocks = BlockBatch(blocks.block_ids, blocks.positions, blocks.attention_mask, labels, blocks.weights)
+    block_positions = blocks.positions[:, sequences.shape[1] :]
+    blocks.labels = torch.where(blocks.labels == IGNORE, IGNORE, greedy.gather(1, block_positions))
     noise = target.get_input_embeddings()(blocks.block_ids) * getattr(drafter, "input_embedding_scale", 1.0)
     hidden = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
     logits = drafter.compute_logits(hidden, target.get_output_embeddings()).float()
@@ -114,77 +117,55 @@ def drafter_loss(
     return loss, correct
 
 
-def train_drafter(
+def drafter_optimizer(drafter: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    device = next(drafter.parameters()).device
+    return torch.optim.AdamW(
+        drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01, fused=device.type == "cuda"
+    )
+
+
+def drafter_step(
     drafter: torch.nn.Module,
     target: torch.nn.Module,
-    next_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]],
-    target_labels: bool,
-    budget: TrainBudget,
-    batch: int,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     num_blocks: int,
     gamma: float,
-    seed: int,
-    checkpoint: Callable[[], None],
-    checkpoint_every: int,
-    log_every: int = 50,
-    say: Callable[[str], None] = print,
-) -> TrainLog:
-    """Train `drafter` (its embedding and head are the frozen target's) on batches from `next_batch`.
-
-    `next_batch(batch, generator)` gives token rows [batch, S] and each row's last position worth predicting.
-    """
+    first_anchor: int,
+    generator: torch.Generator,
+) -> Callable[[], StepOutcome]:
+    """One drafter step on the rows `next_batch()` gives ([batch, S] tokens and each row's last position
+    worth predicting); the target (whose embedding and head the drafter borrows) stays frozen."""
     device = next(drafter.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
     target.requires_grad_(False)
     target.eval()
-    optimizer = torch.optim.AdamW(
-        drafter.parameters(),
-        lr=budget.peak_lr,
-        betas=(0.9, 0.95),
-        weight_decay=0.01,
-        fused=device.type == "cuda",
-    )
     block_size = drafter.block_size
-    log = TrainLog()
-    drafter.train()
-    started = time.monotonic()
-    running = float("nan")
-    while not budget.done(log.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = budget.learning_rate(log.steps)
-        seqs, last_valid = next_batch(batch, generator)
-        seqs = seqs.to(device).long()
+
+    def step() -> StepOutcome:
+        sequences, last_valid = next_batch()
+        sequences, last_valid = sequences.to(device).long(), last_valid.to(device)
         blocks = make_blocks(
-            seqs, last_valid.to(device), num_blocks, block_size, drafter.mask_token_id, gamma, generator
+            sequences,
+            last_valid,
+            num_blocks,
+            block_size,
+            drafter.mask_token_id,
+            gamma,
+            generator,
+            first_anchor,
         )
         with autocast(device):
-            loss, correct = drafter_loss(drafter, target, seqs, blocks, target_labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        log.steps += 1
-        log.tokens_seen += int((blocks.labels != -100).sum())
-        if log.steps % log_every == 0 or budget.done(log.steps):
-            running = loss.item()
+            loss, correct = drafter_loss(drafter, target, sequences, blocks)
+
+        def details() -> dict:
             accuracy = slot_accuracy(correct, blocks, block_size)
-            log.history.append(
-                {
-                    "step": log.steps,
-                    "loss": round(running, 4),
-                    "s": round(time.monotonic() - started, 1),
-                    "slot_accuracy": [round(a, 3) for a in accuracy],
-                }
-            )
-            say(
-                f"draft step {log.steps} loss {running:.4f} acc@1 {accuracy[0]:.2f} expected tau {expected_tau(accuracy):.2f}"
-            )
-        if log.steps % checkpoint_every == 0:
-            checkpoint()
-    log.seconds = round(time.monotonic() - started, 1)
-    log.final_train_loss = round(running, 4)
-    checkpoint()
-    return log
+            return {
+                "slot_accuracy": [round(a, 3) for a in accuracy],
+                "expected_tau": round(expected_tau(accuracy), 2),
+            }
+
+        return StepOutcome(loss, (blocks.labels != IGNORE).sum(), details)
+
+    return step
 
 
 def slot_accuracy(correct: torch.Tensor, blocks: BlockBatch, block_size: int) -> list[float]:
