@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.drafter import DFlashDrafter  # noqa: E402
-from specdeploy.engine.loading import load_drafter, save_drafter  # noqa: E402
-from specdeploy.engine.loading import load_target  # noqa: E402
+from specdeploy.engine.loading import load_drafter, load_target, save_drafter  # noqa: E402
 from specdeploy.engine.runtime import set_cpu_threads  # noqa: E402
 from specdeploy.perf.profile import random_prompt  # noqa: E402
 from specdeploy.zoo.byte_tokenizer import write_byte_tokenizer  # noqa: E402

@@ -14,8 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from zoo_helpers import CODE, TINY_SETTINGS
 
-from specdeploy.engine.loading import load_drafter
-from specdeploy.engine.loading import load_target
+from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.chunk import ChunkLimit
 from specdeploy.zoo.locks import exclusive

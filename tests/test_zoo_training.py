@@ -109,6 +109,23 @@ def test_slots_learn_the_targets_greedy_tokens_with_decaying_weights() -> None:
     assert float(loss.detach()) == pytest.approx(total / weights, rel=1e-5)
 
 
+def test_the_loss_trains_every_drafter_weight_under_bf16_autocast() -> None:
+    # The GPU run trains an fp32 drafter under bf16 autocast: keys and values come out of the projections in
+    # bf16 while the drafter's cache is fp32, and attention must take autograd's path (no fused kernel).
+    torch.manual_seed(0)
+    spec = pair_spec("tiny-code")
+    cfg = target_config(spec, eos_token_id=0, scale=0.25)
+    target = AutoModelForCausalLM.from_config(cfg).eval()
+    drafter = DFlashDrafter(drafter_config(spec, cfg, mask_token_id=1, scale=0.25))
+    sequences = torch.randint(2, cfg.vocab_size, (2, 40))
+    blocks = make_blocks(sequences, torch.tensor([30, 36]), 2, 8, 1, 4.0, torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = drafter_loss(drafter, target, sequences, blocks)
+    loss.backward()
+    untouched = [name for name, p in drafter.named_parameters() if p.grad is None or not p.grad.any()]
+    assert torch.isfinite(loss) and untouched == []
+
+
 def test_anchors_start_at_first_anchor_and_prefer_rows_with_labels_left() -> None:
     sequences = torch.arange(100, 164)[None].repeat(3, 1)
     last_valid = torch.tensor([63, 30, 40])

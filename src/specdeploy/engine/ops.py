@@ -29,12 +29,13 @@ def _triton_kernels():
 
 
 def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda and _triton_kernels() is not None
+    # The kernels have no backward: training (autograd on) takes the torch versions.
+    return x.is_cuda and not torch.is_grad_enabled() and _triton_kernels() is not None
 
 
 def triton_kernels_for(x: torch.Tensor):
-    """The Triton kernel module when `x` lives where the kernels run (CUDA), else None."""
-    return _triton_kernels() if x.is_cuda else None
+    """The Triton kernel module when `x` lives where the kernels run (CUDA, autograd off), else None."""
+    return _triton_kernels() if _use_triton(x) else None
 
 
 def rms_norm(
@@ -119,8 +120,8 @@ def qk_norm_rope_store(
         )
         return folded if q is not None else None
     k = rotate(torch_rms_norm(k, k_weight, eps, None, zero_centered), rope)
-    k_cache.index_copy_(0, flat_slots, k.reshape(-1, *k.shape[2:]))
-    v_cache.index_copy_(0, flat_slots, v.reshape(-1, *v.shape[2:]))
+    k_cache.index_copy_(0, flat_slots, k.reshape(-1, *k.shape[2:]).to(k_cache.dtype))
+    v_cache.index_copy_(0, flat_slots, v.reshape(-1, *v.shape[2:]).to(v_cache.dtype))
     if q is None:
         return None
     q = rotate(torch_rms_norm(q, q_weight, eps, None, zero_centered), rope)
