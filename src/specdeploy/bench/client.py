@@ -33,6 +33,9 @@ HTTP = "http"
 PROTOCOL = "protocol"
 SERVER_GONE = (CONNECTION, STREAM)
 
+_JSON = json.JSONDecoder()
+META_KEY = b'"meta_info":'
+
 
 def error_kind(error: str) -> str:
     return error.split(":", 1)[0]
@@ -63,6 +66,8 @@ class _Stream:
     usage_per_chunk: bool = True
     finish_reason: str | None = None
     done: bool = False
+    cumulative: bool = False  # a /generate stream whose events repeat the whole output so far
+    last_event: bytes | None = None  # the newest such event, read whole only at the end
 
     @property
     def last_tokens(self) -> int:
@@ -178,6 +183,10 @@ class BenchClient:
             error = f"{PROTOCOL}: {exc}"
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # json.JSONDecodeError included
             error = f"{PROTOCOL}: unexpected event ({type(exc).__name__} {exc})"
+        try:
+            _final_output(stream)
+        except (TypeError, ValueError) as exc:
+            error = error or f"{PROTOCOL}: unexpected event ({type(exc).__name__} {exc})"
         return self._record(stream, label, sent_unix, time.monotonic_ns(), error)
 
     def _record(
@@ -218,7 +227,13 @@ def _native_handler(stream: _Stream) -> EventHandler:
         if data == b"[DONE]":
             stream.done = True
             return
-        event = json.loads(data)
+        if stream.cumulative:
+            meta = _meta_info_only(data)
+            if meta is not None:
+                stream.last_event = data
+                _count(stream, meta, meta["completion_tokens"], now)
+                return
+        event = _JSON.decode(data.decode())
         if "error" in event:
             stream.meta["error"] = event["error"]
             return
@@ -228,24 +243,50 @@ def _native_handler(stream: _Stream) -> EventHandler:
         # Default SGLang streams cumulative ids and text; with incremental streaming they are deltas.
         cumulative = ids is None or len(ids) == meta.get("completion_tokens", len(ids)) >= len(stream.ids)
         if cumulative:
+            # From the second chunk on this is the stream's mode: later events are read for their counts
+            # only, and the last one whole at the end (each event repeats the whole output so far).
+            stream.cumulative = bool(stream.tokens) and "completion_tokens" in meta
             stream.text_parts = [text]
             if ids is not None:
                 stream.ids = ids
         else:
             stream.text_parts.append(text)
             stream.ids.extend(ids)
-        tokens = meta.get("completion_tokens", len(stream.ids))
-        if tokens > stream.last_tokens:
-            stream.times_ns.append(now - stream.start_ns)
-            stream.tokens.append(tokens)
-        stream.meta.update(meta)
-        reason = meta.get("finish_reason")
-        if reason:
-            stream.finish_reason = (
-                reason.get("type", str(reason)) if isinstance(reason, dict) else str(reason)
-            )
+        _count(stream, meta, meta.get("completion_tokens", len(stream.ids)), now)
 
     return on_event
+
+
+def _count(stream: _Stream, meta: dict[str, Any], tokens: int, now: int) -> None:
+    """Fold one /generate event's meta_info in; a chunk is recorded when the token count grew."""
+    if tokens > stream.last_tokens:
+        stream.times_ns.append(now - stream.start_ns)
+        stream.tokens.append(tokens)
+    stream.meta.update(meta)
+    reason = meta.get("finish_reason")
+    if reason:
+        stream.finish_reason = reason.get("type", str(reason)) if isinstance(reason, dict) else str(reason)
+
+
+def _meta_info_only(data: bytes) -> dict[str, Any] | None:
+    """The meta_info object of a /generate event, decoded without the text and ids before it; None when
+    the event has no such object with a completion count (then it is decoded whole)."""
+    # Inside a JSON string every quote is escaped, so this byte pattern can only be the key itself.
+    at = data.rfind(META_KEY)
+    if at < 0:
+        return None
+    meta, _ = _JSON.raw_decode(data[at + len(META_KEY) :].decode().lstrip())
+    return meta if isinstance(meta, dict) and "completion_tokens" in meta else None
+
+
+def _final_output(stream: _Stream) -> None:
+    """Text and ids from the last event of a cumulative stream, read whole once the stream is over."""
+    if stream.last_event is None:
+        return
+    event = _JSON.decode(stream.last_event.decode())
+    stream.text_parts = [event.get("text") or "".join(stream.text_parts)]
+    if event.get("output_ids") is not None:
+        stream.ids = event["output_ids"]
 
 
 def _openai_handler(stream: _Stream) -> EventHandler:
@@ -253,7 +294,7 @@ def _openai_handler(stream: _Stream) -> EventHandler:
         if data == b"[DONE]":
             stream.done = True
             return
-        event = json.loads(data)
+        event = _JSON.decode(data.decode())
         if "error" in event:
             stream.meta["error"] = event["error"]
             return

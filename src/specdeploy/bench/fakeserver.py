@@ -78,8 +78,13 @@ class Truth:
     route: str
     prompt_tokens: int
     received_ns: int
-    writes_ns: list[int] = field(default_factory=list)
+    writes_ns: list[int] = field(default_factory=list)  # when each chunk was handed to the socket
     tokens: list[int] = field(default_factory=list)  # cumulative completion tokens at each write
+
+    def wrote(self, tokens: int) -> None:
+        """Log a chunk; called just before its bytes go to the socket, when they are ready to."""
+        self.writes_ns.append(time.monotonic_ns())
+        self.tokens.append(tokens)
 
 
 class BadRequest(Exception):
@@ -196,19 +201,19 @@ class FakeServer:
         return truth
 
     async def _wait(self, truth: Truth, total: int) -> int:
-        """Runs the schedule of a non-streamed answer; returns its number of chunks (verify steps)."""
-        return len([tokens async for tokens in self._schedule(truth, total)])
+        """Runs the schedule of a non-streamed answer (logged as one write); returns its number of chunks."""
+        chunks = len([tokens async for tokens in self._schedule(truth, total)])
+        truth.wrote(total)
+        return chunks
 
     async def _schedule(self, truth: Truth, total: int) -> AsyncIterator[int]:
         """Yields the cumulative token count of each chunk when it is due, keeping the schedule against drift;
-        the consumer writes it, and the write is logged when the consumer asks for the next one."""
+        the consumer logs (Truth.wrote) and writes it."""
         due = truth.received_ns / 1e9 + self.plan.ttft_s
         k = self.plan.tokens_per_chunk
         for tokens in range(k, total + k, k):
             await asyncio.sleep(max(due - time.monotonic(), 0))
             yield min(tokens, total)
-            truth.writes_ns.append(time.monotonic_ns())
-            truth.tokens.append(min(tokens, total))
             due += self.plan.gap_s
 
     def _finish(self, tokens: int, limit: int) -> dict[str, Any]:
@@ -253,7 +258,9 @@ class FakeServer:
         chunks = 0
         async for tokens in self._schedule(truth, total):
             chunks += 1
-            await response.write(sse(output(tokens, chunks)))
+            event = sse(output(tokens, chunks))
+            truth.wrote(tokens)
+            await response.write(event)
         await response.write(SSE_DONE)
         return response
 
@@ -309,7 +316,9 @@ class FakeServer:
         async for tokens in self._schedule(truth, total):
             last = done if tokens == total else (None, None)
             delta, ids = output_text(sent, tokens), output_ids(sent, tokens)
-            await response.write(events.step(0, delta, ids, last, n_prompt, tokens))
+            event = events.step(0, delta, ids, last, n_prompt, tokens)
+            truth.wrote(tokens)
+            await response.write(event)
             sent = tokens
         for event in [*events.closing(0, done, n_prompt, total), *events.final(n_prompt, total)]:
             await response.write(event)
