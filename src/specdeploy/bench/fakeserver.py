@@ -12,8 +12,9 @@ verify step, so spec_verify_ct = number of chunks. The served model has a byte-l
 are real counts a client can reproduce, and output token i is one ASCII letter.
 
 It logs, per request (keyed by the request id it answers with: the client's `rid`, else a fresh one),
-when it received the request and wrote each chunk, on time.monotonic_ns (one clock for all processes
-of a machine); GET /truth?since=N returns the requests from the N-th on, in arrival order.
+when the request's first byte arrived and when each chunk went to the socket, on time.monotonic_ns
+(one clock for all processes of a machine); GET /truth?since=N returns the requests from the N-th on,
+in arrival order. It runs on `loopback_http`, a bare asyncio HTTP/1.1 server, for those timestamps.
 
 Run it alone with `python -m specdeploy.bench.fakeserver --port 30000 --ttft 0.05 --gap 0.01 -k 4`.
 """
@@ -32,8 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aiohttp import web
-
+from specdeploy.bench.loopback_http import Handler, HttpRequest, HttpResponder, LoopbackHttpServer
 from specdeploy.sglang_protocol import (
     SSE_DONE,
     ChatFlavor,
@@ -149,52 +149,52 @@ class FakeServer:
         self.requests = 0
         self.on_request: Callable[[int], None] | None = None  # called with the running request count
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/generate", self._generate)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/server_info", self._server_info)
-        app.router.add_get("/model_info", self._model_info)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/flush_cache", self._flush)
-        app.router.add_get("/truth", self._truth)
-        return app
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        return {
+            ("POST", "/generate"): self._generate,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/health"): self._health,
+            ("GET", "/server_info"): self._server_info,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/flush_cache"): self._flush,
+            ("GET", "/truth"): self._truth,
+        }
 
-    async def _health(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
+    async def _health(self, _: HttpRequest, out: HttpResponder) -> None:
+        out.send(b"", content_type="text/plain")
 
-    async def _model_info(self, _: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model, "is_generation": True})
+    async def _model_info(self, _: HttpRequest, out: HttpResponder) -> None:
+        out.send_json({"model_path": self.model, "is_generation": True})
 
-    async def _models(self, _: web.Request) -> web.Response:
+    async def _models(self, _: HttpRequest, out: HttpResponder) -> None:
         card = {"id": self.model, "object": "model", "created": 0, "owned_by": "sglang", "root": self.model}
-        return web.json_response({"object": "list", "data": [card]})
+        out.send_json({"object": "list", "data": [card]})
 
-    async def _truth(self, request: web.Request) -> web.Response:
+    async def _truth(self, request: HttpRequest, out: HttpResponder) -> None:
         try:
             since = int(request.query.get("since", "0"))
         except ValueError:
-            return _error("since must be an integer", 400)
+            return _error(out, "since must be an integer", 400)
         logged = list(self.truth.values())[since:]
-        return web.json_response({"count": len(self.truth), "requests": [asdict(t) for t in logged]})
+        out.send_json({"count": len(self.truth), "requests": [asdict(t) for t in logged]})
 
-    async def _server_info(self, _: web.Request) -> web.Response:
-        return web.json_response({"engine": "fake", "plan": asdict(self.plan)})
+    async def _server_info(self, _: HttpRequest, out: HttpResponder) -> None:
+        out.send_json({"engine": "fake", "plan": asdict(self.plan)})
 
-    async def _flush(self, _: web.Request) -> web.Response:
+    async def _flush(self, _: HttpRequest, out: HttpResponder) -> None:
         self.flushes += 1
-        return web.Response(text="Cache flushed.")
+        out.send(b"Cache flushed.", content_type="text/plain")
 
-    def _log(self, body: dict[str, Any], route: str, tokens: int) -> Truth:
+    def _log(self, body: dict[str, Any], route: str, tokens: int, received_ns: int) -> Truth:
         rid = body.get("rid")
         if rid is not None and not (isinstance(rid, str) and rid):
             raise BadRequest("rid must be a non-empty string")
         if rid in self.truth:
             raise BadRequest(f"rid {rid!r} was already used: give every request its own")
         rid = rid or uuid.uuid4().hex
-        truth = self.truth[rid] = Truth(rid, route, tokens, time.monotonic_ns())
+        truth = self.truth[rid] = Truth(rid, route, tokens, received_ns)
         self.requests += 1
         if self.on_request is not None:
             self.on_request(self.requests)
@@ -229,9 +229,9 @@ class FakeServer:
         correct = tokens - chunks
         return spec_metrics(tokens, chunks, correct, chunks * draft)
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
+    async def _generate(self, request: HttpRequest, out: HttpResponder) -> None:
         try:
-            body = await _body(request)
+            body = _body(request)
             if (body.get("text") is None) == (body.get("input_ids") is None):
                 raise BadRequest("give exactly one of text or input_ids")
             field_name = "text" if body.get("text") is not None else "input_ids"
@@ -240,9 +240,9 @@ class FakeServer:
             if not isinstance(params, dict):
                 raise BadRequest("sampling_params must be an object (batches are not served)")
             limit = _positive_int(params.get("max_new_tokens", 128), "max_new_tokens")  # SGLang's default
-            truth = self._log(body, "generate", n_prompt)
+            truth = self._log(body, "generate", n_prompt, request.received_ns)
         except BadRequest as exc:
-            return _error(str(exc), 400)
+            return _error(out, str(exc), 400)
         total = min(self.plan.output_tokens, limit)
 
         def output(tokens: int, chunks: int) -> dict[str, Any]:
@@ -253,47 +253,54 @@ class FakeServer:
             return native_output(output_text(0, tokens), output_ids(0, tokens), meta)
 
         if not body.get("stream", False):
-            return web.json_response(output(total, await self._wait(truth, total)))
-        response = await _open_sse(request)
+            return out.send_json(output(total, await self._wait(truth, total)))
+        out.start()
         chunks = 0
         async for tokens in self._schedule(truth, total):
             chunks += 1
             event = sse(output(tokens, chunks))
             truth.wrote(tokens)
-            await response.write(event)
-        await response.write(SSE_DONE)
-        return response
+            out.write(event)
+        out.write(SSE_DONE)
+        out.end()
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: HttpRequest, out: HttpResponder) -> None:
         try:
-            body = await _body(request)
+            body = _body(request)
             n_prompt = prompt_tokens(body.get("prompt"), "prompt")
             limit = _positive_int(body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), "max_tokens")
         except BadRequest as exc:
-            return _error(str(exc), 400)
-        return await self._openai(request, body, CompletionFlavor(), n_prompt, limit)
+            return _error(out, str(exc), 400)
+        await self._openai(request, out, body, CompletionFlavor(), n_prompt, limit)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: HttpRequest, out: HttpResponder) -> None:
         try:
-            body = await _body(request)
+            body = _body(request)
             n_prompt = chat_tokens(body.get("messages"))
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             # SGLang's default without a limit: whatever room the context leaves, here the whole answer.
             limit = self.plan.output_tokens if limit is None else _positive_int(limit, "max_tokens")
         except BadRequest as exc:
-            return _error(str(exc), 400)
-        return await self._openai(request, body, ChatFlavor(), n_prompt, limit)
+            return _error(out, str(exc), 400)
+        await self._openai(request, out, body, ChatFlavor(), n_prompt, limit)
 
     async def _openai(
-        self, request: web.Request, body: dict[str, Any], flavor: Flavor, n_prompt: int, limit: int
-    ) -> web.StreamResponse:
+        self,
+        request: HttpRequest,
+        out: HttpResponder,
+        body: dict[str, Any],
+        flavor: Flavor,
+        n_prompt: int,
+        limit: int,
+    ) -> None:
         options = body.get("stream_options") or {}
         try:
             if not isinstance(options, dict):
                 raise BadRequest("stream_options must be an object")
-            truth = self._log(body, "chat" if isinstance(flavor, ChatFlavor) else "completions", n_prompt)
+            route = "chat" if isinstance(flavor, ChatFlavor) else "completions"
+            truth = self._log(body, route, n_prompt, request.received_ns)
         except BadRequest as exc:
-            return _error(str(exc), 400)
+            return _error(out, str(exc), 400)
         total = min(self.plan.output_tokens, limit)
         finish = self._finish(total, limit)
         done = (finish["type"], finish.get("matched"))
@@ -302,33 +309,32 @@ class FakeServer:
             await self._wait(truth, total)
             header = flavor.header(truth.id, model, created, chunk=False)
             choice = flavor.choice(0, output_text(0, total), output_ids(0, total), *done)
-            return web.json_response({**header, "choices": [choice], "usage": usage(n_prompt, total)})
+            return out.send_json({**header, "choices": [choice], "usage": usage(n_prompt, total)})
         events = OpenAIStream(
             flavor,
             flavor.header(truth.id, model, created, chunk=True),
             bool(options.get("include_usage")),
             bool(options.get("continuous_usage_stats")),
         )
-        response = await _open_sse(request)
+        out.start()
         for event in events.opening(0, n_prompt, 0):
-            await response.write(event)
+            out.write(event)
         sent = 0
         async for tokens in self._schedule(truth, total):
             last = done if tokens == total else (None, None)
             delta, ids = output_text(sent, tokens), output_ids(sent, tokens)
             event = events.step(0, delta, ids, last, n_prompt, tokens)
             truth.wrote(tokens)
-            await response.write(event)
+            out.write(event)
             sent = tokens
-        for event in [*events.closing(0, done, n_prompt, total), *events.final(n_prompt, total)]:
-            await response.write(event)
-        await response.write(SSE_DONE)
-        return response
+        for event in [*events.closing(0, done, n_prompt, total), *events.final(n_prompt, total), SSE_DONE]:
+            out.write(event)
+        out.end()
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+def _body(request: HttpRequest) -> dict[str, Any]:
     try:
-        body = await request.json()
+        body = request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON ({exc})") from None
     if not isinstance(body, dict):
@@ -336,14 +342,16 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _error(message: str, status: int) -> web.Response:
-    return web.json_response(error_body(message, status), status=status)
+def _error(out: HttpResponder, message: str, status: int) -> None:
+    out.send_json(error_body(message, status), status)
 
 
-async def _open_sse(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    return response
+def _listen(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart on the same port at once
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1024)
+    return sock
 
 
 class ServerThread:
@@ -353,7 +361,7 @@ class ServerThread:
         self.server = server
         self.port = port
         self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
+        self._http = LoopbackHttpServer(server.routes())
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
@@ -368,28 +376,22 @@ class ServerThread:
         return self
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._http.close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._startup())
+        sock = _listen(self.port)
+        self.port = sock.getsockname()[1]  # the port the OS picked when asked for port 0
+        self._loop.run_until_complete(self._http.start(sock))
         self._ready.set()
         self._loop.run_forever()
 
-    async def _startup(self) -> None:
-        self._runner = web.AppRunner(self.server.app(), shutdown_timeout=0)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart on the same port at once
-        sock.bind(("127.0.0.1", self.port))
-        self.port = sock.getsockname()[1]  # the port the OS picked when asked for port 0
-        await web.SockSite(self._runner, sock).start()
 
-    async def _shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+async def _serve_forever(server: FakeServer, port: int) -> None:
+    await LoopbackHttpServer(server.routes()).start(_listen(port))
+    await asyncio.Event().wait()
 
 
 def main() -> None:
@@ -402,7 +404,7 @@ def main() -> None:
     args = parser.parse_args()
     plan = StreamPlan(args.ttft, args.gap, args.tokens_per_chunk, args.output_tokens)
     print(f"fake SGLang server on http://127.0.0.1:{args.port}, {plan.chunks} chunks per answer", flush=True)
-    web.run_app(FakeServer(plan).app(), host="127.0.0.1", port=args.port, print=None)
+    asyncio.run(_serve_forever(FakeServer(plan), args.port))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ the connection; http and https. A response with a status other than 200 is read 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -205,6 +206,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        no_delay(transport)
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic_ns()
@@ -240,24 +242,29 @@ class StreamingPoster:
         while self._idle:
             self._idle.pop().close()
 
-    async def post(self, path: str, body: bytes, on_event: EventHandler) -> tuple[int, bytes]:
+    async def post(
+        self, path: str, body: bytes, on_event: EventHandler, timeout_s: float
+    ) -> tuple[int, bytes]:
         """Send `body` to `path` and feed each SSE data line of a 200 answer to `on_event` as it arrives.
 
         Returns (status, body kept for an error message: empty for 200). Raises OSError when no
-        connection can be made, StreamBroken when the answer stops early, BadResponse on garbage.
-        Cancelling it (a timeout) closes the connection.
+        connection can be made, StreamBroken when the answer stops early, BadResponse on garbage,
+        asyncio.TimeoutError after `timeout_s` in all (the connection is then closed). The request is
+        written before the first suspension when a kept-alive connection is free: no task is made for
+        it, since a new task waits behind every other ready stream before it runs.
         """
+        deadline = time.monotonic() + timeout_s
         request = self._request(path, body)
-        connection, reused = await self._connection()
+        connection, reused = await self._connection(timeout_s)
         try:
-            return await self._exchange(connection, request, on_event)
+            return await self._exchange(connection, request, on_event, deadline)
         except StreamBroken as exc:
             if not reused or exc.received:
                 raise
         # The server closed a kept-alive connection as the request went out: nothing was answered, so
         # the request goes again, once, on a new connection.
-        connection = await self._open()
-        return await self._exchange(connection, request, on_event)
+        connection = await self._open(deadline - time.monotonic())
+        return await self._exchange(connection, request, on_event, deadline)
 
     def _request(self, path: str, body: bytes) -> bytes:
         """The request's bytes: the one place that says which headers a request carries."""
@@ -266,30 +273,32 @@ class StreamingPoster:
         lines.append(f"Content-Length: {len(body)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    async def _connection(self) -> tuple[_Connection, bool]:
+    async def _connection(self, timeout_s: float) -> tuple[_Connection, bool]:
         while self._idle:
             connection = self._idle.pop()
             if not connection.closed:
                 return connection, True
-        return await self._open(), False
+        return await self._open(timeout_s), False
 
-    async def _open(self) -> _Connection:
+    async def _open(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
         hostname = self.endpoint.host if self._ssl is not None else None
-        _, connection = await loop.create_connection(
+        opening = loop.create_connection(
             _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl, server_hostname=hostname
         )
+        _, connection = await asyncio.wait_for(opening, max(timeout_s, 0))
         return connection
 
     async def _exchange(
-        self, connection: _Connection, request: bytes, on_event: EventHandler
+        self, connection: _Connection, request: bytes, on_event: EventHandler, deadline: float
     ) -> tuple[int, bytes]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         response = connection.response = _Response(on_event, done)
         assert connection.transport is not None
         try:
             connection.transport.write(request)
-            await done
+            # A future, not a coroutine: wait_for then adds a timer, not a task.
+            await asyncio.wait_for(done, max(deadline - time.monotonic(), 0))
         except BaseException:
             connection.close()
             raise
@@ -302,3 +311,10 @@ class StreamingPoster:
         else:
             connection.close()
         return response.status, bytes(response.error_body)
+
+
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Small writes go out at once: with Nagle's algorithm a chunk waits for the peer's delayed ACK (40 ms)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
