@@ -1,0 +1,170 @@
+"""The streaming HTTP/1.1 client under the bench: framing, kept-alive connections, and the collector held off."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+from pathlib import Path
+
+import pytest
+
+from specdeploy.bench.client import BenchClient, RequestLabel
+from specdeploy.bench.collector import collector_paused
+from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
+from specdeploy.bench.http_stream import BadResponse, StreamingPoster, _Response
+from specdeploy.bench.runner import BenchConfig, run
+
+EVENTS = [b'{"n": 1}', b'{"n": 2, "text": "a\\nb"}', b"[DONE]"]
+BODY = b"".join(b"data: " + e + b"\n\n" for e in EVENTS)
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + b"".join(b"%x;ext=1\r\n%b\r\n" % (len(piece), piece) for piece in (BODY[:7], BODY[7:30], BODY[30:]))
+    + b"0\r\n\r\n"
+)
+SIZED = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(BODY), BODY)
+
+
+def parse(response: bytes, cut: int) -> tuple[list[bytes], _Response]:
+    """Feed the response in two pieces split at `cut`; returns the events seen and the parser."""
+    loop = asyncio.new_event_loop()
+    events: list[bytes] = []
+    parser = _Response(lambda data, _: events.append(data), loop.create_future())
+    parser.feed(response[:cut], 0)
+    parser.feed(response[cut:], 1)
+    loop.close()
+    return events, parser
+
+
+@pytest.mark.parametrize("response", [CHUNKED, SIZED], ids=["chunked", "sized"])
+def test_events_are_the_same_wherever_the_bytes_are_split(response: bytes) -> None:
+    for cut in range(len(response) + 1):
+        events, parser = parse(response, cut)
+        assert events == EVENTS, cut
+        assert parser.done.done() and parser.failure is None and parser.keep_alive
+
+
+def test_an_error_status_keeps_the_body_and_garbage_is_refused() -> None:
+    answer = b'{"error": "no"}'
+    events, parser = parse(
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%b" % (len(answer), answer), 20
+    )
+    assert events == [] and parser.status == 400 and bytes(parser.error_body) == answer
+    _, garbage = parse(b"SSH-2.0-OpenSSH\r\n\r\n", 5)
+    assert isinstance(garbage.failure, BadResponse)
+
+
+def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_new_one() -> None:
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        answered = 0
+        while await reader.readuntil(b"\r\n\r\n"):
+            await reader.readexactly(2)  # the body, "{}"
+            if answered == 1:  # the second request on this connection: hang up without a word
+                writer.close()
+                return
+            writer.write(SIZED)
+            answered += 1
+
+    async def main() -> list[list[bytes]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        poster = StreamingPoster(url, {})
+        seen: list[list[bytes]] = []
+        for _ in range(2):
+            seen.append([])
+            status, _ = await poster.post(
+                "/generate", b"{}", lambda data, _, into=seen[-1]: into.append(data), 10
+            )
+            assert status == 200
+        poster.close()
+        server.close()
+        return seen
+
+    assert asyncio.run(main()) == [EVENTS, EVENTS]
+    assert connections == 2
+
+
+def test_no_answer_in_time_is_a_timeout_record() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        await asyncio.sleep(30)
+
+    async def main() -> str | None:
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with BenchClient(url, "generate", timeout_s=0.3) as client:
+            record = await client.send({"text": "x"}, RequestLabel("c", 0, "p", 0, 0))
+        server.close()
+        return record.error
+
+    assert (asyncio.run(main()) or "").startswith("timeout:")
+
+
+def test_incremental_native_streams_are_summed_not_replaced() -> None:
+    """SGLang with --incremental-streaming-output sends only each step's new text and ids."""
+
+    async def deltas(_, out) -> None:
+        out.start()
+        for text, total in (("ab", 2), ("cde", 5), ("f", 6)):
+            meta = {"completion_tokens": total, "finish_reason": {"type": "length"} if total == 6 else None}
+            event = {"text": text, "output_ids": [ord(c) for c in text], "meta_info": meta}
+            out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        out.write(b"data: [DONE]\n\n")
+        out.end()
+
+    class Incremental(FakeServer):
+        def routes(self):
+            return {("POST", "/generate"): deltas}
+
+    thread = ServerThread(Incremental(StreamPlan())).start()
+
+    async def main():
+        async with BenchClient(thread.url, "generate") as client:
+            return await client.send({"text": "x"}, RequestLabel("c", 0, "p", 0, 0))
+
+    try:
+        record = asyncio.run(main())
+    finally:
+        thread.stop()
+    assert record.ok and record.output_text == "abcdef" and bytes(record.output_ids) == b"abcdef"
+    assert [c.tokens for c in record.chunks] == [2, 5, 6]
+
+
+def test_the_collector_is_off_while_a_cell_is_measured_and_back_after(tmp_path: Path) -> None:
+    server = ServerThread(FakeServer(StreamPlan(ttft_s=0.001, gap_s=0.001, output_tokens=4))).start()
+    seen: list[bool] = []
+    server.server.on_request = lambda _: seen.append(gc.isenabled())  # the server shares this process
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
+    config = BenchConfig(
+        url=server.url,
+        dataset="custom",
+        data_dir=str(prompts),
+        chat_template=False,
+        warmup=1,
+        concurrency=[2],
+    )
+    try:
+        assert gc.isenabled()
+        run(config, tmp_path / "run")
+    finally:
+        server.stop()
+    assert seen == [True] + [False] * 4  # the warm-up request is not measured; the cell's four are
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_collector_paused_restores_what_it_found() -> None:
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled() and gc.get_freeze_count() > 0
+        assert not gc.isenabled() and gc.get_freeze_count() == 0  # it was off before: it stays off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a failing cell")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
