@@ -23,7 +23,7 @@ import aiohttp
 
 from specdeploy.bench.http_stream import BadResponse, EventHandler, StreamBroken, StreamingPoster
 from specdeploy.bench.payloads import ROUTE_PATHS, Route
-from specdeploy.bench.results import Chunk, RequestRecord
+from specdeploy.bench.results import RequestRecord
 
 # Error kinds. CONNECTION and STREAM mean the server stopped answering mid-request.
 CONNECTION = "connection"
@@ -206,7 +206,8 @@ class BenchClient:
             route=self.route,
             sent_unix=sent_unix,
             start_ns=stream.start_ns - label.cell_start_ns,
-            chunks=[Chunk(t_ns=t, tokens=k) for t, k in zip(stream.times_ns, tokens, strict=True)],
+            # dicts: pydantic builds the Chunks in one validation pass, faster than Chunk(...) each
+            chunks=[{"t_ns": t, "tokens": k} for t, k in zip(stream.times_ns, tokens, strict=True)],
             end_ns=end_ns - stream.start_ns,
             token_source=source,
             prompt_tokens=meta.get("prompt_tokens"),

@@ -162,8 +162,9 @@ def bench_selftest(
     rounds: int = typer.Option(3, help="Requests per concurrent user at each level."),
     compare: str | None = typer.Option(
         None,
-        help="Also run these clients on the same levels, interleaved, against the same server: any of "
-        "sglang (its /generate and /v1/completions backends), aiperf, guidellm. Each is used if installed.",
+        help="Instead, run specdeploy's client and these on the same levels, in turn at each level, against "
+        "the same server, in one table judged by its log: any of sglang (its /generate and /v1/completions "
+        "backends), aiperf, guidellm. Each is used if installed; a missing one is named with its install command.",
     ),
     clients_dir: Path = typer.Option(
         DEFAULT_CLIENTS_DIR, help="Where --compare looks first for the clients' venvs (DIR/aiperf/bin, ...)."
