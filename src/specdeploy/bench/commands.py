@@ -201,8 +201,10 @@ def _compare(
     if not levels or min(levels) < 1:
         raise SpecdeployError(f"concurrency levels must be >= 1, got {levels}")
     console = Console(stderr=json_output)
-    with console.status("") as status:
-        comparison = run_compare(levels, plan, rounds, names, clients_dir, lambda what: status.update(what))
+    # Progress as plain lines: a live spinner's refresh thread would count in specdeploy's CPU per request.
+    comparison = run_compare(
+        levels, plan, rounds, names, clients_dir, lambda what: typer.echo(what, err=True)
+    )
     for package, hint in comparison.missing.items():
         console.print(f"{package}: not installed, skipped; install it with: {hint}", soft_wrap=True)
     if json_output:

@@ -185,14 +185,17 @@ def _external_cell(
     log.mark()
     # Generous: the cell itself, at half the planned rate, plus start-up and report writing.
     timeout_s = 2 * cell.requests / cell.concurrency * plan.request_s + 300
-    process = client.run(command, cell, timeout_s)
+    process = client.run(command, cell)
+    status: int | None = None
     with CpuSampler(process.pid) as sampler:
         try:
             status = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            status = None
+            pass
+        finally:  # timed out, or interrupted (Ctrl-C): the client must not outlive the comparison
+            if status is None:
+                process.kill()
+                process.wait()
     entries = log.measured(cell.requests)
     failed = _failure(client, cell, status)
     if failed:

@@ -80,11 +80,27 @@ class _Response:
 
     def feed(self, data: bytes, t_ns: int) -> None:
         self.received += len(data)
-        self._buffer += data
         try:
+            if self._state == "size" and not self._buffer:
+                data = self._whole_chunks(data, t_ns)
+            self._buffer += data
             self._parse(t_ns)
         except Exception as exc:  # a bad response or a failing handler ends this request, not the loop
             self.fail(exc)
+
+    def _whole_chunks(self, data: bytes, t_ns: int) -> bytes:
+        """The usual case, a read of whole chunks (one event each), parsed without buffering; returns the rest."""
+        at = 0
+        while (end := data.find(b"\r\n", at)) >= 0:
+            size = int(data[at:end].split(b";", 1)[0], 16)
+            start, stop = end + 2, end + 2 + size
+            if size == 0 or stop + 2 > len(data):
+                break  # the last chunk, or one not all here: the general parser takes it from here
+            if data[stop : stop + 2] != b"\r\n":
+                raise BadResponse("a chunk of the chunked body does not end with CRLF")
+            self._body(data[start:stop], t_ns)
+            at = stop + 2
+        return data[at:]
 
     def fail(self, exc: BaseException) -> None:
         self.keep_alive = False
@@ -182,15 +198,16 @@ class _Response:
         if self.status != 200:
             self.error_body += data[: MAX_ERROR_BODY - len(self.error_body)]
             return
-        lines = self._lines
-        lines += data
+        if self._lines:  # the start of a line came in an earlier piece
+            self._lines += data
+            data = bytes(self._lines)
+            self._lines.clear()
         start = 0
-        while (end := lines.find(b"\n", start)) >= 0:
-            line = bytes(lines[start:end])
+        while (end := data.find(b"\n", start)) >= 0:
+            if data.startswith(b"data:", start):
+                self.on_event(data[start + 5 : end].strip(), t_ns)
             start = end + 1
-            if line.startswith(b"data:"):
-                self.on_event(line[5:].strip(), t_ns)
-        del lines[:start]
+        self._lines += data[start:]
 
     def _complete(self, t_ns: int) -> None:
         if self.status == 200 and self._lines.startswith(b"data:"):  # a last line without its newline

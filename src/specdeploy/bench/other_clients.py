@@ -82,7 +82,7 @@ class ExternalClient:
     def parse(self, cell: CellSpec) -> ClientReport:
         raise NotImplementedError
 
-    def run(self, command: list[str], cell: CellSpec, timeout_s: float) -> subprocess.Popen[bytes]:
+    def run(self, command: list[str], cell: CellSpec) -> subprocess.Popen[bytes]:
         """Start it on a cell (the caller waits); its output goes to `<name>.log` in the cell's workdir."""
         cell.workdir.mkdir(parents=True, exist_ok=True)
         log = (cell.workdir / f"{self.name}.log").open("wb")
