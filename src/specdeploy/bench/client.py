@@ -5,10 +5,11 @@ timed, as its bytes arrive, on time.monotonic_ns); the few untimed calls (health
 /flush_cache) through one aiohttp session. Every request carries `BenchClient.headers`. Every
 request becomes a RequestRecord: a failure is a record with `error` set ("<kind>: <detail>"),
 never an exception out of a cell. Per chunk it records the arrival time and the cumulative
-completion tokens:
-from `meta_info.completion_tokens` on /generate, from per-chunk `usage` on the OpenAI routes
-(`stream_options.continuous_usage_stats`), or, when a server sends usage only at the end, from
-the text received so far scaled to the final count (token_source "text", an estimate).
+completion tokens: from `meta_info.completion_tokens` on /generate, from per-chunk `usage` on the
+OpenAI routes (`stream_options.continuous_usage_stats`), or, when a server sends usage only at the
+end, from the text received so far scaled to the final count (token_source "text", an estimate).
+Per chunk the client keeps two ints; a cumulative /generate event is decoded for its meta_info
+only, and the last one whole when the stream ends.
 """
 
 from __future__ import annotations
@@ -181,11 +182,12 @@ class BenchClient:
             error = f"{PROTOCOL}: {exc}"
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # json.JSONDecodeError included
             error = f"{PROTOCOL}: unexpected event ({type(exc).__name__} {exc})"
+        end_ns = time.monotonic_ns()
         try:
             _final_output(stream)
         except (TypeError, ValueError) as exc:
             error = error or f"{PROTOCOL}: unexpected event ({type(exc).__name__} {exc})"
-        return self._record(stream, label, sent_unix, time.monotonic_ns(), error)
+        return self._record(stream, label, sent_unix, end_ns, error)
 
     def _record(
         self, stream: _Stream, label: RequestLabel, sent_unix: float, end_ns: int, error: str | None
