@@ -376,9 +376,18 @@ class ServerThread:
         return self
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._http.close(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._halt(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _halt(self) -> None:
+        """Drop every connection, and end every task (handlers, half-made accepted connections) so that
+        no socket outlives the loop: a client waiting on one would wait for its whole timeout."""
+        await self._http.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -312,6 +312,8 @@ class StreamingPoster:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         response = connection.response = _Response(on_event, done)
         assert connection.transport is not None
+        if connection.closed:  # closed by the server before this request could go out (as a server dies)
+            response.lost()
         try:
             connection.transport.write(request)
             # A future, not a coroutine: wait_for then adds a timer, not a task.

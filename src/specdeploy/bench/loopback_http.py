@@ -96,6 +96,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
         no_delay(transport)
+        if self.server.closing:  # accepted just before the server closed
+            self.abort()
 
     def data_received(self, data: bytes) -> None:
         if not self.buffer:
@@ -177,6 +179,7 @@ class LoopbackHttpServer:
     def __init__(self, routes: dict[tuple[str, str], Handler]) -> None:
         self.routes = routes
         self.connections: set[_Connection] = set()
+        self.closing = False
         self._server: asyncio.Server | None = None
 
     async def start(self, sock: Any) -> None:
@@ -185,8 +188,11 @@ class LoopbackHttpServer:
 
     async def close(self) -> None:
         """Stop listening and drop every connection, mid-answer or not (as a server that dies does)."""
+        self.closing = True
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             connection.abort()
-        await asyncio.sleep(0)  # an aborted socket is closed by a callback of the loop's next pass
+        # Aborted sockets are closed by callbacks of the loop's next passes, and connections accepted just
+        # before the listener closed are made (and drop themselves) then: let those passes run.
+        await asyncio.sleep(0.05)
