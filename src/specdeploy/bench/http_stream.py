@@ -8,6 +8,12 @@ coroutine wakes once, when the response is complete. Connections are kept alive 
 
 Supports what SGLang-style servers send: chunked or Content-Length bodies, or a body that ends with
 the connection; http and https. A response with a status other than 200 is read whole, not parsed.
+
+A server that dies closes its connections, and the requests on them fail at once (StreamBroken). One
+whose listening socket is gone while a connection it accepted stays open and silent (a process shutting
+down, or an in-process server that lost an accepted socket) would leave a request waiting for its whole
+timeout: so when a request fails on a broken or refused connection while others are still waiting, the
+poster tries a new connection, and if the server's address refuses it those others fail too (ServerGone).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ EventHandler = Callable[[bytes, int], None]  # (the data of one `data:` line, ar
 
 MAX_ERROR_BODY = 1 << 16  # bytes of a non-200 body kept for the error message
 MAX_HEAD = 1 << 16
+PROBE_TIMEOUT_S = 2.0  # for the connection that asks whether anything still listens at the server's address
 
 
 class StreamBroken(Exception):
@@ -36,6 +43,10 @@ class StreamBroken(Exception):
 
 class BadResponse(Exception):
     """The server's bytes are not an HTTP/1.1 response this client understands."""
+
+
+class ServerGone(ConnectionError):
+    """Nothing listens at the server's address any more: an answer still awaited from it will not come."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +264,7 @@ class StreamingPoster:
         self.endpoint = Endpoint.parse(url)
         self.headers = headers
         self._idle: list[_Connection] = []
+        self._waiting: set[_Response] = set()  # answers awaited now, each on its own connection
         self._ssl = ssl.create_default_context() if self.endpoint.tls else None
 
     def close(self) -> None:
@@ -265,23 +277,34 @@ class StreamingPoster:
         """Send `body` to `path` and feed each SSE data line of a 200 answer to `on_event` as it arrives.
 
         Returns (status, body kept for an error message: empty for 200). Raises OSError when no
-        connection can be made, StreamBroken when the answer stops early, BadResponse on garbage,
-        asyncio.TimeoutError after `timeout_s` in all (the connection is then closed). The request is
-        written before the first suspension when a kept-alive connection is free: no task is made for
-        it, since a new task waits behind every other ready stream before it runs.
+        connection can be made, StreamBroken when the answer stops early, ServerGone (an OSError) when
+        another request found that nothing listens at the server's address any more, BadResponse on
+        garbage, asyncio.TimeoutError after `timeout_s` in all, waiting for the first byte and between
+        chunks included (the connection is then closed). The request is written before the first
+        suspension when a kept-alive connection is free: no task is made for it, since a new task waits
+        behind every other ready stream before it runs.
         """
         deadline = time.monotonic() + timeout_s
         request = self._request(path, body)
-        connection, reused = await self._connection(timeout_s)
         try:
+            connection, reused = await self._connection(timeout_s)
+            try:
+                return await self._exchange(connection, request, on_event, deadline)
+            except StreamBroken as exc:
+                if not reused or exc.received:
+                    raise
+            # The server closed a kept-alive connection as the request went out: nothing was answered, so
+            # the request goes again, once, on a new connection.
+            connection = await self._open(deadline - time.monotonic())
             return await self._exchange(connection, request, on_event, deadline)
-        except StreamBroken as exc:
-            if not reused or exc.received:
-                raise
-        # The server closed a kept-alive connection as the request went out: nothing was answered, so
-        # the request goes again, once, on a new connection.
-        connection = await self._open(deadline - time.monotonic())
-        return await self._exchange(connection, request, on_event, deadline)
+        except (asyncio.TimeoutError, ServerGone):
+            raise
+        except (StreamBroken, OSError):
+            # The server hung up on this request or refused it: if it is gone, the answers other requests
+            # still wait for will not come either, even on a connection that stays open.
+            if self._waiting and not await self._listening():
+                self._fail_waiting()
+            raise
 
     def _request(self, path: str, body: bytes) -> bytes:
         """The request's bytes: the one place that says which headers a request carries."""
@@ -296,6 +319,41 @@ class StreamingPoster:
             if not connection.closed:
                 return connection, True
         return await self._open(timeout_s), False
+
+    async def _listening(self) -> bool:
+        """False when every address of the server refuses a new connection: nothing listens there now.
+        True when a connection is made, and when the attempt says nothing (an error other than a refusal,
+        or no answer within PROBE_TIMEOUT_S)."""
+        loop = asyncio.get_running_loop()
+        try:
+            addresses = await loop.getaddrinfo(
+                self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM
+            )
+        except OSError:
+            return True
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(sock, address), PROBE_TIMEOUT_S)
+            except ConnectionRefusedError:
+                continue
+            except (OSError, asyncio.TimeoutError):
+                return True
+            finally:
+                sock.close()
+            return True
+        return False
+
+    def _fail_waiting(self) -> None:
+        where = f"{self.endpoint.host}:{self.endpoint.port}"
+        for response in list(self._waiting):
+            response.fail(
+                ServerGone(
+                    f"the server at {where} stopped (it refuses new connections): this answer will not "
+                    f"come ({response.received} bytes of it had arrived)"
+                )
+            )
 
     async def _open(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -314,6 +372,7 @@ class StreamingPoster:
         assert connection.transport is not None
         if connection.closed:  # closed by the server before this request could go out (as a server dies)
             response.lost()
+        self._waiting.add(response)
         try:
             connection.transport.write(request)
             # A future, not a coroutine: wait_for then adds a timer, not a task.
@@ -321,6 +380,8 @@ class StreamingPoster:
         except BaseException:
             connection.close()
             raise
+        finally:
+            self._waiting.discard(response)
         connection.response = None
         if response.failure is not None:
             connection.close()
