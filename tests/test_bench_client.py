@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from specdeploy.bench.client import BenchClient, RequestLabel
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
+from specdeploy.bench.loopback_http import Handler, HttpRequest, HttpResponder
 from specdeploy.bench.metrics import cell_metrics
 from specdeploy.bench.payloads import Sampling, build_payload
 from specdeploy.bench.results import RequestRecord
@@ -47,18 +46,14 @@ async def send_all(url: str, route: str, n: int, concurrency: int) -> list[Reque
         async def worker() -> None:
             while queue:
                 i, prompt = queue.pop(0)
-                payload = build_payload(route, prompt, [], sampling, model="fake-model")
+                payload = {
+                    **build_payload(route, prompt, [], sampling, model="fake-model"),
+                    "rid": f"{route}-{i}",
+                }
                 records.append(await client.send(payload, RequestLabel("cell", i, prompt.id, 0, start)))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
-
-
-def truth_key(route: str, i: int) -> str:
-    """How the fake server names request i in its log (by prompt)."""
-    if route == "chat":
-        return json.dumps([{"role": "user", "content": f"prompt {i}"}])
-    return f"prompt {i}"
 
 
 @pytest.mark.parametrize("route", ["generate", "chat", "completions"])
@@ -72,7 +67,7 @@ def test_timings_match_what_the_server_did(server: ServerThread, route: str) -> 
     truth = server.server.truth
     ttft_errors, gap_errors = [], []
     for r in records:
-        t = truth[truth_key(route, r.index)]
+        t = truth[f"{route}-{r.index}"]
         ttft_errors.append(r.chunks[0].t_ns - (t.writes_ns[0] - t.received_ns))
         measured = np.diff([c.t_ns for c in r.chunks])
         gap_errors.extend(measured - np.diff(t.writes_ns))
@@ -85,8 +80,10 @@ def test_timings_match_what_the_server_did(server: ServerThread, route: str) -> 
     assert m.tpot_ms.mean == pytest.approx(m.itl_ms.mean, rel=0.05)
     if route == "generate":
         assert m.tau.mean == pytest.approx(PLAN.tokens_per_chunk)
-        assert records[0].output_ids == list(range(24)) and records[0].finish_reason == "length"
-    assert records[0].output_text == "".join(f" t{i}" for i in range(24))
+        assert records[0].finish_reason == "stop"  # 24 tokens, below the limit of 64: an end of sequence
+        # The served model's tokenizer is byte-level: the ids are the text's bytes.
+        assert bytes(records[0].output_ids).decode() == records[0].output_text
+    assert len(records[0].output_text) == 24
 
 
 def test_connection_refused_is_a_record_not_an_exception() -> None:
@@ -96,21 +93,17 @@ def test_connection_refused_is_a_record_not_an_exception() -> None:
 
 
 def test_http_error_and_server_reported_error() -> None:
-    async def reject(_: web.Request) -> web.Response:
-        return web.json_response({"error": {"message": "bad sampling"}}, status=400)
+    async def reject(_: HttpRequest, out: HttpResponder) -> None:
+        out.send_json({"error": {"message": "bad sampling"}}, 400)
 
-    async def fails_mid_stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
-        await response.write(b'data: {"error": {"message": "engine failed"}}\n\ndata: [DONE]\n\n')
-        return response
+    async def fails_mid_stream(_: HttpRequest, out: HttpResponder) -> None:
+        out.start()
+        out.write(b'data: {"error": {"message": "engine failed"}}\n\ndata: [DONE]\n\n')
+        out.end()
 
     class Broken(FakeServer):
-        def app(self) -> web.Application:
-            app = web.Application()
-            app.router.add_post("/generate", fails_mid_stream)
-            app.router.add_post("/v1/completions", reject)
-            return app
+        def routes(self) -> dict[tuple[str, str], Handler]:
+            return {("POST", "/generate"): fails_mid_stream, ("POST", "/v1/completions"): reject}
 
     thread = ServerThread(Broken(PLAN)).start()
     try:
@@ -123,23 +116,18 @@ def test_http_error_and_server_reported_error() -> None:
 
 
 def test_openai_without_per_chunk_usage_estimates_from_text() -> None:
-    async def usage_at_end(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
+    async def usage_at_end(_: HttpRequest, out: HttpResponder) -> None:
+        out.start()
         for piece in ("ab", "abcd", "ab"):
-            await response.write(f'data: {{"choices": [{{"index": 0, "text": "{piece}"}}]}}\n\n'.encode())
-        await response.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
-        await response.write(
-            b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}\n\n'
-        )
-        await response.write(b"data: [DONE]\n\n")
-        return response
+            out.write(f'data: {{"choices": [{{"index": 0, "text": "{piece}"}}]}}\n\n'.encode())
+        out.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
+        out.write(b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}\n\n')
+        out.write(b"data: [DONE]\n\n")
+        out.end()
 
     class EndUsage(FakeServer):
-        def app(self) -> web.Application:
-            app = web.Application()
-            app.router.add_post("/v1/completions", usage_at_end)
-            return app
+        def routes(self) -> dict[tuple[str, str], Handler]:
+            return {("POST", "/v1/completions"): usage_at_end}
 
     thread = ServerThread(EndUsage(PLAN)).start()
     try:
@@ -148,4 +136,3 @@ def test_openai_without_per_chunk_usage_estimates_from_text() -> None:
         thread.stop()
     assert record.ok and record.token_source == "text"
     assert [c.tokens for c in record.chunks] == [2, 6, 8]
-    assert record.completion_tokens == 8 and record.finish_reason == "stop"

@@ -11,8 +11,16 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from specdeploy.bench.display import cell_progress, selftest_table, speedup_table, summary_table
+from specdeploy.bench.compare import run_compare
+from specdeploy.bench.display import (
+    cell_progress,
+    compare_table,
+    selftest_table,
+    speedup_table,
+    summary_table,
+)
 from specdeploy.bench.fakeserver import StreamPlan
+from specdeploy.bench.other_clients import DEFAULT_CLIENTS_DIR
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
 from specdeploy.errors import SpecdeployError
@@ -152,19 +160,58 @@ def bench_selftest(
     ),
     output_tokens: int = typer.Option(128, help="Tokens per answer."),
     rounds: int = typer.Option(3, help="Requests per concurrent user at each level."),
+    compare: str | None = typer.Option(
+        None,
+        help="Instead, run specdeploy's client and these on the same levels, in turn at each level, against "
+        "the same server, in one table judged by its log: any of sglang (its /generate and /v1/completions "
+        "backends), aiperf, guidellm. Each is used if installed; a missing one is named with its install command.",
+    ),
+    clients_dir: Path = typer.Option(
+        DEFAULT_CLIENTS_DIR, help="Where --compare looks first for the clients' venvs (DIR/aiperf/bin, ...)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Measure the bench client against a loopback server streaming at a known rate."""
     if min(ttft_ms, gap_ms) < 0 or tokens_per_chunk < 1 or output_tokens < 1 or rounds < 1:
         raise SpecdeployError("times must be >= 0 and tokens per chunk, output tokens and rounds >= 1")
     plan = StreamPlan(ttft_ms / 1e3, gap_ms / 1e3, tokens_per_chunk, output_tokens)
-    results = run_selftest(parse_list(concurrency, int, "--concurrency"), plan, rounds)
+    levels = parse_list(concurrency, int, "--concurrency")
+    if compare is not None:
+        _compare(
+            levels,
+            plan,
+            rounds,
+            [n.strip() for n in compare.split(",") if n.strip()],
+            clients_dir,
+            json_output,
+        )
+        return
+    results = run_selftest(levels, plan, rounds)
     if json_output:
         typer.echo(
             json.dumps({"plan": asdict(plan), "levels": [_plain(asdict(r)) for r in results]}, indent=2)
         )
         return
     Console().print(selftest_table(results))
+
+
+def _compare(
+    levels: list[int], plan: StreamPlan, rounds: int, names: list[str], clients_dir: Path, json_output: bool
+) -> None:
+    if not levels or min(levels) < 1:
+        raise SpecdeployError(f"concurrency levels must be >= 1, got {levels}")
+    console = Console(stderr=json_output)
+    # Progress as plain lines: a live spinner's refresh thread would count in specdeploy's CPU per request.
+    comparison = run_compare(
+        levels, plan, rounds, names, clients_dir, lambda what: typer.echo(what, err=True)
+    )
+    for package, hint in comparison.missing.items():
+        console.print(f"{package}: not installed, skipped; install it with: {hint}", soft_wrap=True)
+    if json_output:
+        rows = [asdict(r) for r in comparison.rows]
+        typer.echo(json.dumps({"plan": asdict(plan), "rows": rows, "missing": comparison.missing}, indent=2))
+        return
+    console.print(compare_table(comparison.rows))
 
 
 def _plain(value: Any) -> Any:

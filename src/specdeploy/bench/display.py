@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specdeploy.bench.compare import CompareRow
 from specdeploy.bench.results import CellSummary, Comparison, Distribution, RunSummary
 from specdeploy.bench.selftest import LevelResult
 
@@ -105,6 +106,30 @@ def selftest_table(results: list[LevelResult]) -> Table:
             _dist(r.ttft_error_ms),
             _dist(r.chunk_lag_ms),
             _dist(r.itl_error_ms),
+        )
+    return table
+
+
+def _pair(values: tuple[float, float] | None) -> str:
+    return "-" if values is None else f"{values[0]:+.2f} / {values[1]:+.2f}"
+
+
+def compare_table(rows: list[CompareRow]) -> Table:
+    """One row per level and client, every figure against the loopback server's own log."""
+    table = Table(title="clients against the loopback server's log (ms; client minus log, p50 / p99)")
+    for column in ("conc", "client", "done", "req/s (plan)", "TTFT err", "ITL err", "ITL as", "CPU ms/req"):
+        table.add_column(column, justify="left" if column in ("client", "ITL as") else "right")
+    for r in rows:
+        rate = "-" if r.requests_per_s is None else f"{r.requests_per_s:,.1f}"
+        table.add_row(
+            str(r.concurrency),
+            r.client + (f" ({r.note})" if r.note else ""),
+            f"{r.completed}/{r.planned}",
+            f"{rate} ({r.ideal_requests_per_s:,.1f})",
+            _pair(r.ttft_error_ms),
+            _pair(r.itl_error_ms),
+            r.itl_kind,
+            _num(r.cpu_ms_per_request, 2),
         )
     return table
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 import specdeploy
 from specdeploy.bench.client import SERVER_GONE, BenchClient, RequestLabel, error_kind
+from specdeploy.bench.collector import collector_paused
 from specdeploy.bench.metrics import cell_metrics, compare
 from specdeploy.bench.payloads import ChatTemplate, Route, Sampling, build_payload, load_template
 from specdeploy.bench.results import (
@@ -180,7 +181,8 @@ async def _run(
             await server.client.flush_cache()
             records: list[RequestRecord] = []
             try:
-                await _run_cell(server, key, config, prompts, records, progress)
+                with collector_paused():  # a collection would stall every open stream at once
+                    await _run_cell(server, key, config, prompts, records, progress)
             except BaseException:
                 run_dir.write_incomplete(records)
                 raise

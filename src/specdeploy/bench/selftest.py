@@ -18,14 +18,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specdeploy.bench.client import BenchClient, RequestLabel
+from specdeploy.bench.collector import collector_paused
 from specdeploy.bench.fakeserver import StreamPlan
 from specdeploy.bench.metrics import distribution
 from specdeploy.bench.results import Distribution, RequestRecord
 from specdeploy.errors import SpecdeployError
+
+# Repeated on purpose: a server that tells requests apart by their prompt gets them mixed up.
+SELFTEST_PROMPTS = ("What is 2 + 2?", "Write a haiku about the sea.", "Name three prime numbers.")
 
 
 @dataclass(frozen=True)
@@ -114,38 +119,53 @@ async def _levels(url: str, pid: int, levels: list[int], plan: StreamPlan, round
     return results
 
 
+def selftest_payload(rid: str, index: int, plan: StreamPlan) -> dict[str, Any]:
+    """A /generate request; prompts repeat, so the server's log must tell requests apart by their `rid`."""
+    text = SELFTEST_PROMPTS[index % len(SELFTEST_PROMPTS)]
+    return {
+        "text": text,
+        "sampling_params": {"max_new_tokens": plan.output_tokens},
+        "stream": True,
+        "rid": rid,
+    }
+
+
+async def server_log(client: BenchClient, rids: list[str]) -> dict[str, dict[str, Any]]:
+    """The loopback server's log entries of these requests, by request id."""
+    logged = await client.get_json("/truth") or {}
+    wanted = set(rids)
+    return {entry["id"]: entry for entry in logged.get("requests", []) if entry["id"] in wanted}
+
+
 async def _measure(client: BenchClient, pid: int, concurrency: int, n: int, plan: StreamPlan) -> LevelResult:
     tag = f"c{concurrency}n{n}t{time.monotonic_ns()}"
-    texts = [f"{tag} {i}" for i in range(n)]
-    pending = iter(enumerate(texts))
+    rids = [f"{tag}-{i}" for i in range(n)]
+    pending = iter(enumerate(rids))
     records: list[RequestRecord] = []
-    start_ns = time.monotonic_ns()
-    start_cpu, start_server_cpu = time.process_time(), cpu_seconds(pid)
 
     async def worker() -> None:
-        for index, text in pending:
-            payload = {
-                "text": text,
-                "sampling_params": {"max_new_tokens": plan.output_tokens},
-                "stream": True,
-            }
-            records.append(await client.send(payload, RequestLabel("selftest", index, text, 0, start_ns)))
+        for index, rid in pending:
+            label = RequestLabel("selftest", index, rid, 0, start_ns)
+            records.append(await client.send(selftest_payload(rid, index, plan), label))
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = (time.monotonic_ns() - start_ns) / 1e9
-    cpu = (time.process_time() - start_cpu) / elapsed
-    end_server_cpu = cpu_seconds(pid)
+    with collector_paused():
+        start_ns = time.monotonic_ns()
+        start_cpu, start_server_cpu = time.process_time(), cpu_seconds(pid)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = (time.monotonic_ns() - start_ns) / 1e9
+        cpu = (time.process_time() - start_cpu) / elapsed
+        end_server_cpu = cpu_seconds(pid)
     server_cpu = None
     if start_server_cpu is not None and end_server_cpu is not None:
         server_cpu = (end_server_cpu - start_server_cpu) / elapsed
-    truth = await client.get_json("/truth") or {}
-    return _judge(records, truth, texts, start_ns, elapsed, (cpu, server_cpu), concurrency, plan)
+    truth = await server_log(client, rids)
+    return _judge(records, truth, rids, start_ns, elapsed, (cpu, server_cpu), concurrency, plan)
 
 
 def _judge(
     records: list[RequestRecord],
-    truth: dict[str, dict],
-    texts: list[str],
+    truth: dict[str, dict[str, Any]],
+    rids: list[str],
     start_ns: int,
     elapsed: float,
     cpu: tuple[float, float | None],
@@ -154,7 +174,7 @@ def _judge(
 ) -> LevelResult:
     ttft_errors, lags, itl_errors, ttft_vs_plan = [], [], [], []
     for record in records:
-        logged = truth.get(texts[record.index])
+        logged = truth.get(rids[record.index])
         if not record.ok or logged is None or len(logged["writes_ns"]) != len(record.chunks):
             continue
         writes = np.array(logged["writes_ns"])
@@ -165,17 +185,15 @@ def _judge(
         lags.extend((arrivals - writes) / 1e6)
         itl_errors.extend(((np.diff(arrivals) - np.diff(writes)) / tokens[1:] / 1e6).tolist())
     ok = [r for r in records if r.ok]
-    chunks = -(-plan.output_tokens // plan.tokens_per_chunk)
-    request_s = plan.ttft_s + plan.gap_s * (chunks - 1)
     return LevelResult(
         concurrency=concurrency,
         requests=len(records),
         errors=len(records) - len(ok),
         elapsed_s=elapsed,
         requests_per_s=len(ok) / elapsed,
-        ideal_requests_per_s=concurrency / request_s,
+        ideal_requests_per_s=concurrency / plan.request_s,
         tokens_per_s=sum(r.completion_tokens or 0 for r in ok) / elapsed,
-        ideal_tokens_per_s=concurrency * plan.output_tokens / request_s,
+        ideal_tokens_per_s=concurrency * plan.output_tokens / plan.request_s,
         ttft_error_ms=distribution(ttft_errors),
         chunk_lag_ms=distribution(lags),
         itl_error_ms=distribution(itl_errors),

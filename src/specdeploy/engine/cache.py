@@ -85,7 +85,9 @@ class StaticCache:
     def store(self, layer: int, flat_slots: torch.Tensor, *values: torch.Tensor) -> None:
         """Store `values` [B, T, *entry] at `flat_slots` (cache row * capacity + slot, [B * T])."""
         for buffer, value in zip(self.entry(layer), values, strict=True):
-            buffer.view(-1, *buffer.shape[2:]).index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]).to(buffer.dtype))
+            buffer.view(-1, *buffer.shape[2:]).index_copy_(
+                0, flat_slots, value.reshape(-1, *value.shape[2:]).to(buffer.dtype)
+            )
 
     def copy_row(self, source: int, dest: int, length: int) -> None:
         """Copy row `source`'s first `length` slots to row `dest` (a sequence moving rows)."""

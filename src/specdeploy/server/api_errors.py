@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Any
+
+from specdeploy.sglang_protocol import default_error_type, error_body
 
 
 class ApiError(Exception):
@@ -16,26 +17,7 @@ class ApiError(Exception):
         self.message = message
         self.status = status
         self.param = param
-        self.err_type = err_type or _default_type(status)
+        self.err_type = err_type or default_error_type(status)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.status, self.err_type, self.param)
-
-
-def error_body(
-    message: str, status: int, err_type: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    """SGLang's `ErrorResponse`: {"object": "error", "message", "type", "param", "code"}."""
-    return {
-        "object": "error",
-        "message": message,
-        "type": err_type or _default_type(status),
-        "param": param,
-        "code": status,
-    }
-
-
-def _default_type(status: int) -> str:
-    # SGLang's serving code names errors after the HTTP status ("BadRequestError", "NotFoundError", ...)
-    name = HTTPStatus(status).phrase.replace(" ", "")
-    return name if name.endswith("Error") else name + "Error"

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdeploy import sglang_protocol
 from specdeploy.engine.decode import Step
 from specdeploy.server.params import RequestParams
 
@@ -116,19 +117,11 @@ class Generation:
 
     def meta_info(self, spec_metrics: bool = True) -> dict[str, Any]:
         """SGLang's meta_info; latency and speculative figures only once finished, as SGLang reports them."""
-        meta: dict[str, Any] = {
-            "id": self.rid,
-            "finish_reason": self.finish_reason,
-            "prompt_tokens": len(self.prompt_ids),
-            "weight_version": "default",
-            "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
-        }
-        if self.finished:
-            meta["e2e_latency"] = self.finished_at - self.arrived_at
-            if spec_metrics:
-                meta.update(self.spec_metrics())
-        return meta
+        latency = self.finished_at - self.arrived_at if self.finished else None
+        spec = self.spec_metrics() if spec_metrics else None
+        return sglang_protocol.meta_info(
+            self.rid, self.finish_reason, len(self.prompt_ids), len(self.output_ids), latency, spec
+        )
 
     def spec_metrics(self) -> dict[str, Any]:
         """spec_accept_length = completion_tokens / verify steps (bonus included); absent without speculation."""
@@ -137,13 +130,7 @@ class Generation:
             return {}
         correct = sum(self.accept_lengths) - self.verify_ct  # accepted draft tokens: bonus tokens excluded
         proposed = sum(self.budgets) if self.budgets else self.verify_ct * draft
-        metrics = {
-            "spec_accept_rate": correct / proposed,
-            "spec_accept_length": len(self.output_ids) / self.verify_ct,
-            "spec_num_correct_drafts": correct,
-            "spec_num_proposed_drafts": proposed,
-            "spec_verify_ct": self.verify_ct,
-        }
+        metrics = sglang_protocol.spec_metrics(len(self.output_ids), self.verify_ct, correct, proposed)
         if self.budgets:  # an adaptive budget: the tree size of each verify step
             metrics["ddtree_budgets"] = self.budgets
         return metrics

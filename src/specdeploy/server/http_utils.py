@@ -1,4 +1,4 @@
-"""Small HTTP helpers shared by the routes: JSON bodies, SSE framing, the service on the app state."""
+"""Small HTTP helpers shared by the routes: JSON bodies and the service on the app state."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from specdeploy.server.api_errors import ApiError, error_body
+from specdeploy.server.api_errors import ApiError
 from specdeploy.server.guard import HttpGuard, body_too_large
 from specdeploy.server.service import EngineService
 from specdeploy.server.text_limits import check_text_length
 
-SSE_DONE = b"data: [DONE]\n\n"
 # Requests are flat objects holding lists (batches of token ids, messages with content parts): a few levels.
 MAX_JSON_DEPTH = 32
 
@@ -90,12 +89,3 @@ async def read_model(request: Request, model: type[BaseModel]) -> Any:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
         raise ApiError(f"Invalid request: {problems}") from None
-
-
-def sse(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
-def sse_error(message: str, status: int) -> bytes:
-    """An error after the stream has started: the status line is already sent, so it travels as an event."""
-    return sse({"error": error_body(message, status)})

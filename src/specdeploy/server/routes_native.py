@@ -11,10 +11,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import SSE_DONE, check_texts, read_json, service_of, sse, sse_error
+from specdeploy.server.http_utils import check_texts, read_json, service_of
 from specdeploy.server.params import parse_sampling_params
 from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.worker import Job
+from specdeploy.sglang_protocol import SSE_DONE, native_output, sse, sse_error
 
 router = APIRouter()
 
@@ -95,10 +96,7 @@ def _text_prompts(text: Any, service: EngineService, request: Request) -> list[l
 
 
 def _output(gen: Generation, index: int | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": gen.text, "output_ids": list(gen.output_ids), "meta_info": gen.meta_info()}
-    if index is not None:
-        out["index"] = index
-    return out
+    return native_output(gen.text, list(gen.output_ids), gen.meta_info(), index)
 
 
 async def _stream(

@@ -12,11 +12,25 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import SSE_DONE, check_texts, read_model, service_of, sse, sse_error
-from specdeploy.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specdeploy.server.http_utils import check_texts, read_model, service_of
+from specdeploy.server.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    StreamOptions,
+)
 from specdeploy.server.params import parse_sampling_params
 from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.worker import Job
+from specdeploy.sglang_protocol import (
+    SSE_DONE,
+    ChatFlavor,
+    CompletionFlavor,
+    Flavor,
+    OpenAIStream,
+    sse_error,
+    usage,
+)
 
 router = APIRouter()
 
@@ -147,104 +161,7 @@ def _finish(gen: Generation) -> tuple[str | None, Any]:
 
 
 def _usage(gens: list[Generation]) -> dict[str, Any]:
-    prompt = sum(len(g.prompt_ids) for g in gens)
-    completion = sum(len(g.output_ids) for g in gens)
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": None,
-        "reasoning_tokens": 0,
-    }
-
-
-class Flavor:
-    """How one OpenAI route shapes its answers; subclasses differ only where the two APIs differ."""
-
-    object_name: str
-    chunk_object: str
-    id_prefix: str
-
-    def __init__(self, return_token_ids: bool) -> None:
-        self.return_token_ids = return_token_ids
-
-    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def opening_choices(self, index: int) -> list[dict[str, Any]]:
-        return []
-
-    def closing_choices(self, gen: Generation, index: int) -> list[dict[str, Any]]:
-        return []
-
-
-class CompletionFlavor(Flavor):
-    object_name = chunk_object = "text_completion"
-    id_prefix = "cmpl-"
-
-    def _choice(self, gen: Generation, index: int, text: str, token_ids: list[int]) -> dict[str, Any]:
-        finish, matched = _finish(gen)
-        choice = {
-            "index": index,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish,
-            "matched_stop": matched,
-        }
-        if self.return_token_ids:
-            choice["token_ids"] = token_ids
-        return choice
-
-    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
-        return self._choice(gen, index, gen.text, list(gen.output_ids))
-
-    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
-        return self._choice(gen, index, delta, token_ids)  # the finish reason rides on the last text chunk
-
-
-class ChatFlavor(Flavor):
-    object_name = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-    id_prefix = "chatcmpl-"
-
-    def choice(self, gen: Generation, index: int) -> dict[str, Any]:
-        finish, matched = _finish(gen)
-        message = {"role": "assistant", "content": gen.text, "reasoning_content": None}
-        choice = {
-            "index": index,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": finish,
-            "matched_stop": matched,
-        }
-        if self.return_token_ids:
-            choice["response_token_ids"] = list(gen.output_ids)
-        return choice
-
-    def chunk_choice(self, gen: Generation, index: int, delta: str, token_ids: list[int]) -> dict[str, Any]:
-        return _chat_delta(index, {"content": delta, "reasoning_content": None})
-
-    def opening_choices(self, index: int) -> list[dict[str, Any]]:
-        return [_chat_delta(index, {"role": "assistant", "content": ""})]
-
-    def closing_choices(self, gen: Generation, index: int) -> list[dict[str, Any]]:
-        finish, matched = _finish(gen)  # SGLang sends the finish reason in a chunk of its own
-        return [_chat_delta(index, {}, finish, matched)]
-
-
-def _chat_delta(
-    index: int, delta: dict[str, Any], finish: str | None = None, matched: Any = None
-) -> dict[str, Any]:
-    return {
-        "index": index,
-        "delta": delta,
-        "logprobs": None,
-        "finish_reason": finish,
-        "matched_stop": matched,
-    }
+    return usage(sum(len(g.prompt_ids) for g in gens), sum(len(g.output_ids) for g in gens))
 
 
 async def _respond(
@@ -256,18 +173,17 @@ async def _respond(
 ) -> Response:
     jobs = service.submit_all(gens)
     # SGLang echoes the model the client named
-    header = {
-        "id": flavor.id_prefix + gens[0].rid,
-        "created": int(time.time()),
-        "model": req.model or service.model_name,
-    }
+    model, created = req.model or service.model_name, int(time.time())
     if req.stream:
-        stream = _stream(service, req, gens, jobs, {**header, "object": flavor.chunk_object}, flavor)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        header = flavor.header(gens[0].rid, model, created, chunk=True)
+        return StreamingResponse(
+            _stream(service, req, gens, jobs, header, flavor), media_type="text/event-stream"
+        )
     if not await service.complete_all(gens, jobs, request):
         return Response(status_code=499)  # the client is gone: nobody reads this, it only ends the handler
-    choices = [flavor.choice(gen, i) for i, gen in enumerate(gens)]
-    return JSONResponse({**header, "object": flavor.object_name, "choices": choices, "usage": _usage(gens)})
+    choices = [flavor.choice(i, gen.text, list(gen.output_ids), *_finish(gen)) for i, gen in enumerate(gens)]
+    header = flavor.header(gens[0].rid, model, created, chunk=False)
+    return JSONResponse({**header, "choices": choices, "usage": _usage(gens)})
 
 
 async def _stream(
@@ -280,24 +196,20 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """One chunk per engine step (its text delta and tokens); usage on every chunk with continuous_usage_stats,
     else once at the end with include_usage."""
-    options = req.stream_options
-    continuous = options is not None and options.continuous_usage_stats
-
-    def chunk(choices: list[dict[str, Any]], gen: Generation) -> bytes:
-        return sse({**header, "choices": choices, "usage": _usage([gen]) if continuous else None})
-
+    options = req.stream_options or StreamOptions()
+    events = OpenAIStream(flavor, header, options.include_usage, options.continuous_usage_stats)
     try:
         for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
-            for opening in flavor.opening_choices(i):
-                yield chunk([opening], gen)
+            for event in events.opening(i, len(gen.prompt_ids), len(gen.output_ids)):
+                yield event
             sent = ""
             async for token_ids in service.follow(gen, job):
                 delta, sent = gen.text[len(sent) :], gen.text
-                yield chunk([flavor.chunk_choice(gen, i, delta, token_ids)], gen)
-            for closing in flavor.closing_choices(gen, i):
-                yield chunk([closing], gen)
-        if options is not None and options.include_usage:
-            yield sse({**header, "choices": [], "usage": _usage(gens)})
+                yield events.step(i, delta, token_ids, _finish(gen), len(gen.prompt_ids), len(gen.output_ids))
+            for event in events.closing(i, _finish(gen), len(gen.prompt_ids), len(gen.output_ids)):
+                yield event
+        for event in events.final(sum(len(g.prompt_ids) for g in gens), sum(len(g.output_ids) for g in gens)):
+            yield event
     except EngineFailed as exc:
         yield sse_error(str(exc), 500)
     finally:
