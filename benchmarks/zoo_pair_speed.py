@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
+from specdeploy.engine.runtime import load_tokenizer  # noqa: E402
 from specdeploy.zoo.prompts import held_out_prompts  # noqa: E402
 from specdeploy.zoo.registry import get_pair  # noqa: E402
-from specdeploy.zoo.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main() -> None:

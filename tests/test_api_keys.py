@@ -15,7 +15,8 @@ import yaml
 from deploy_helpers import fake_server_plan, free_port
 from server_harness import running_server
 
-from specdeploy.bench.client import BenchClient
+from specdeploy.bench.client import HTTP, BenchClient
+from specdeploy.bench.load import run_load
 from specdeploy.deploy.deployment import deploy_down, deploy_up
 from specdeploy.deploy.health import wait_for_health
 from specdeploy.deploy.launchers import ProcessLauncher
@@ -23,7 +24,6 @@ from specdeploy.plan import make_plan
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.server.guard import HttpGuard
 from specdeploy.server.launch import is_loopback
-from specdeploy.server.load import run_load
 
 KEY = "sk-test-7f3a9c1e55d04b2b"
 OK = {"text": "hi", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
@@ -75,7 +75,7 @@ def test_health_readiness_and_metrics_stay_open(keyed_url) -> None:
 def test_load_and_the_bench_client_send_the_key_from_the_environment(keyed_url, monkeypatch) -> None:
     monkeypatch.delenv("SPECDEPLOY_API_KEY", raising=False)
     refused = asyncio.run(run_load(keyed_url, 2, 2, 2, "hello"))
-    assert refused.errors == 2 and "HTTP 401" in refused.first_errors[0]
+    assert refused.errors == 2 and refused.first_errors[0].startswith(f"{HTTP}: 401")
 
     async def server_info() -> object:
         async with BenchClient(keyed_url, "generate") as client:

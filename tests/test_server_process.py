@@ -16,9 +16,9 @@ import pytest
 from server_harness import free_port
 from typer.testing import CliRunner
 
+from specdeploy.bench.load import run_load
 from specdeploy.cli import app
 from specdeploy.errors import SpecdeployError
-from specdeploy.server.load import run_load
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
+from specdeploy.engine.runtime import load_tokenizer
 from specdeploy.zoo.measure import ModeSpec, run_modes
 from specdeploy.zoo.prompts import DEMO_PROMPTS
 from specdeploy.zoo.registry import resolve_pair
-from specdeploy.zoo.tokenizer import load_tokenizer
 
 
 def test_shipped_tiny_code_drafts_are_accepted_and_lossless() -> None:

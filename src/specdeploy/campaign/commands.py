@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from specdeploy.bench.display import cell_progress
-from specdeploy.campaign.matrix import ServerConfig, bench_runs, server_configs
+from specdeploy.campaign.matrix import CampaignServer, bench_runs, server_configs
 from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
@@ -22,7 +22,7 @@ from specdeploy.lock.resolve import current_lock
 from specdeploy.plan.commands import UPDATE_LOCK_HELP
 
 
-def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path, launcher: str) -> Tree:
+def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, launcher: str) -> Tree:
     """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
     total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
     tree = Tree(

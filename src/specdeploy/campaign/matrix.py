@@ -31,7 +31,7 @@ RUNS_DIR = "runs"
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class CampaignServer:
     """One server launch of the campaign and the plan that starts it."""
 
     plan: LaunchPlan
@@ -50,7 +50,7 @@ class ServerConfig:
 class BenchRun:
     """One bench run: a server configuration on one dataset, all concurrency levels and repeats."""
 
-    server: ServerConfig
+    server: CampaignServer
     dataset: str
     path: Path
     config: BenchConfig  # its url is the plan's; the campaign swaps in the started server's
@@ -69,7 +69,7 @@ class BenchRun:
         return [key for key in self.cells() if key.id not in finished]
 
 
-def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[ServerConfig]:
+def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[CampaignServer]:
     """Every server configuration in start order; plans are made (and checked) before anything starts.
 
     `lock`: the campaign's lock file, which pins every plan (and refuses a drifted one).
@@ -97,7 +97,7 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Ser
                         + (f", tp {tp}" if tp else "")
                     )
                     raise SpecdeployError(f"campaign {spec.name}, {where}: {exc}") from exc
-                configs.append(ServerConfig(plan))
+                configs.append(CampaignServer(plan))
     ids = [c.id for c in configs]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -108,7 +108,7 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Ser
     return configs
 
 
-def bench_runs(spec: CampaignSpec, server: ServerConfig, out: Path) -> list[BenchRun]:
+def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[BenchRun]:
     """The runs of one server configuration, one per dataset, in the campaign's dataset order."""
     runs = []
     for dataset in spec.datasets:
@@ -140,5 +140,5 @@ def ar_run_path(out: Path, tp: int, dataset: str) -> Path:
     return out / RUNS_DIR / ar_server_id(tp) / dataset
 
 
-def server_dir(out: Path, server: ServerConfig, start: int) -> Path:
+def server_dir(out: Path, server: CampaignServer, start: int) -> Path:
     return out / SERVERS_DIR / server.id / f"start-{start}"

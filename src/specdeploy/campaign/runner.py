@@ -21,7 +21,7 @@ from specdeploy.bench.runner import Progress
 from specdeploy.bench.runner import run as run_bench
 from specdeploy.campaign.matrix import (
     BenchRun,
-    ServerConfig,
+    CampaignServer,
     ar_server_id,
     bench_runs,
     server_configs,
@@ -199,7 +199,7 @@ class CampaignRun:
                 server.status = "interrupted"
         self.save()
 
-    def execute(self, servers: list[ServerConfig], retry_failed: bool) -> CampaignState:
+    def execute(self, servers: list[CampaignServer], retry_failed: bool) -> CampaignState:
         for index, server in enumerate(servers, 1):
             state = self.state.server(server.id)
             runs = bench_runs(self.spec, server, self.out)
@@ -231,7 +231,7 @@ class CampaignRun:
             self.serve(server, state, runs, where)
         return self.state
 
-    def serve(self, server: ServerConfig, state: ServerState, runs: list[BenchRun], where: str) -> None:
+    def serve(self, server: CampaignServer, state: ServerState, runs: list[BenchRun], where: str) -> None:
         """Start the server once, measure every missing cell of its runs, stop it."""
         state.status, state.error, state.failed_cells = "running", None, []
         self.save()
@@ -258,7 +258,7 @@ class CampaignRun:
                 state.starts[-1].outcome = "stopped"
             self.save()
 
-    def start(self, server: ServerConfig, state: ServerState) -> Deployment:
+    def start(self, server: CampaignServer, state: ServerState) -> Deployment:
         deploy_dir = server_dir(self.out, server, len(state.starts) + 1)
         record = StartRecord(deploy_dir=str(deploy_dir), started_unix=time.time())
         state.starts.append(record)
@@ -273,7 +273,7 @@ class CampaignRun:
             raise
 
     def measure(
-        self, server: ServerConfig, state: ServerState, run: BenchRun, deployment: Deployment
+        self, server: CampaignServer, state: ServerState, run: BenchRun, deployment: Deployment
     ) -> Deployment:
         """Run (or resume) one bench run; a death restarts the server once per cell. Returns the live server."""
         while True:
@@ -311,7 +311,7 @@ class CampaignRun:
                 self.log(f"server {server.id} died during {run.name} cell {cell}; restarting it once")
                 deployment = self.start(server, state)
 
-    def facts(self, server: ServerConfig, deployment: Deployment) -> dict[str, Any]:
+    def facts(self, server: CampaignServer, deployment: Deployment) -> dict[str, Any]:
         """What the bench run's manifest records about the deployment behind it."""
         return {"campaign": self.spec.name, "server": server.id, **deployment_facts(server.plan, deployment)}
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from specdeploy.engine.runtime import load_tokenizer
 from specdeploy.zoo.measure import ModeSpec, run_modes
 from specdeploy.zoo.prompts import DEMO_PROMPTS
 from specdeploy.zoo.registry import get_pair
 from specdeploy.zoo.table import mode_rows, mode_table
-from specdeploy.zoo.tokenizer import load_tokenizer
 
 
 def run_quick(pair: str, budget: int, max_new_tokens: int, prompts: int, console: Console) -> None:

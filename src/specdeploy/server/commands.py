@@ -115,7 +115,7 @@ def load(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Send streaming /generate requests at a fixed concurrency; report requests/s, output tokens/s, errors."""
-    from specdeploy.server.load import run_load
+    from specdeploy.bench.load import run_load
 
     report = asyncio.run(run_load(url, concurrency, requests, max_new_tokens, prompt))
     if as_json:

@@ -6,13 +6,13 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 
+from specdeploy.engine.runtime import load_tokenizer
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.card import Evaluation, render_card
 from specdeploy.zoo.measure import ModeSpec, run_modes
 from specdeploy.zoo.prompts import held_out_prompts
 from specdeploy.zoo.registry import MODELS_DIR, get_pair
 from specdeploy.zoo.table import mode_rows
-from specdeploy.zoo.tokenizer import load_tokenizer
 
 ENGINE_FAMILIES = ("qwen3", "deepseek_v3", "qwen3_next")  # target families the reference engine can decode
 

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.engine.loading import save_drafter
+from specdeploy.engine.runtime import load_tokenizer
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.archive import archive_pair
 from specdeploy.zoo.checkpoint import bf16_state_dict, save_atomically
@@ -39,7 +40,7 @@ from specdeploy.zoo.rollouts import RolloutStore, distinct_prompts, generate_rol
 from specdeploy.zoo.schedule import TrainBudget
 from specdeploy.zoo.settings import ChunkOptions, DataOptions, TrainSettings
 from specdeploy.zoo.specs import PairSpec, drafter_config, pair_spec, target_config
-from specdeploy.zoo.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer
+from specdeploy.zoo.tokenizer import EOS_TOKEN, MASK_TOKEN
 from specdeploy.zoo.train_drafter import drafter_optimizer, drafter_step, last_valid_positions
 from specdeploy.zoo.train_target import held_out_loss, target_optimizer, target_step
 

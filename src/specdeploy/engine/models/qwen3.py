@@ -63,6 +63,9 @@ def qk_norm_attention(
 class Qwen3Attention(nn.Module):
     """Caches post-norm, post-RoPE keys and values, [kv_heads, head_dim] each per slot."""
 
+    query_width = 1  # q_proj rows per head, in head_dims (the gated variant adds an output gate)
+    norm: type[nn.Module] = RMSNorm
+
     def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
         super().__init__()
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
@@ -73,11 +76,13 @@ class Qwen3Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim(config)
         dim = self.head_dim
         self.qkv_proj = MergedLinear(
-            hidden, {"q_proj": heads * dim, "k_proj": kv_heads * dim, "v_proj": kv_heads * dim}, bias
+            hidden,
+            {"q_proj": self.query_width * heads * dim, "k_proj": kv_heads * dim, "v_proj": kv_heads * dim},
+            bias,
         )
         self.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(dim, eps)
-        self.k_norm = RMSNorm(dim, eps)
+        self.q_norm = self.norm(dim, eps)
+        self.k_norm = self.norm(dim, eps)
 
     def cache_entry(self) -> EntryShape:
         return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdeploy.engine.cache import EntryShape, StaticCache
+from specdeploy.engine.cache import StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
 from specdeploy.engine.models.config import config_value, require_silu
@@ -26,11 +26,10 @@ from specdeploy.engine.models.gated_deltanet import (
 )
 from specdeploy.engine.models.layers import (
     DecoderLayer,
-    MergedLinear,
     SwiGLU,
     ZeroCenteredRMSNorm,
 )
-from specdeploy.engine.models.qwen3 import head_dim, qk_norm_attention
+from specdeploy.engine.models.qwen3 import Qwen3Attention, head_dim, qk_norm_attention
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeSparseBlock
 from specdeploy.engine.models.rope import RotaryEmbedding, rope_parameters
 from specdeploy.errors import SpecdeployError
@@ -67,28 +66,11 @@ def partial_rope(config: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return rope_parameters({**config, layout: params}), rotated
 
 
-class GatedAttention(nn.Module):
-    """Caches post-norm, post-RoPE keys and values, [kv_heads, head_dim] each per slot."""
+class GatedAttention(Qwen3Attention):
+    """Qwen3's attention whose q_proj also yields an output gate per head, with zero-centred q/k norms."""
 
-    def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
-        super().__init__()
-        hidden, heads = config["hidden_size"], config["num_attention_heads"]
-        kv_heads = config_value(config, "num_key_value_heads", heads)
-        bias = config_value(config, "attention_bias", False)
-        eps = config_value(config, "rms_norm_eps", 1e-6)
-        self.layer_idx = layer_idx
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim(config)
-        dim = self.head_dim
-        # q_proj yields a query and an output gate per head
-        self.qkv_proj = MergedLinear(
-            hidden, {"q_proj": 2 * heads * dim, "k_proj": kv_heads * dim, "v_proj": kv_heads * dim}, bias
-        )
-        self.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
-        self.q_norm = ZeroCenteredRMSNorm(dim, eps)
-        self.k_norm = ZeroCenteredRMSNorm(dim, eps)
-
-    def cache_entry(self) -> EntryShape:
-        return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
+    query_width = 2
+    norm = ZeroCenteredRMSNorm
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
