@@ -159,9 +159,8 @@ class CompletionFlavor(Flavor):
     def chunk_choice(
         self, index: int, delta: str, token_ids: list[int], finish: str | None, matched: Any
     ) -> dict[str, Any]:
-        return self.choice(
-            index, delta, token_ids, finish, matched
-        )  # the finish rides on the last text chunk
+        # the finish rides on the last text chunk
+        return self.choice(index, delta, token_ids, finish, matched)
 
 
 class ChatFlavor(Flavor):

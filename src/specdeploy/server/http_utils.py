@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from specdeploy import sglang_protocol
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.guard import HttpGuard, body_too_large
-from specdeploy.server.service import EngineService
+from specdeploy.server.service import EngineFailed, EngineService
 from specdeploy.server.text_limits import check_text_length
+from specdeploy.server.worker import Job
 
 # Requests are flat objects holding lists (batches of token ids, messages with content parts): a few levels.
 MAX_JSON_DEPTH = 32
@@ -89,3 +92,17 @@ async def read_model(request: Request, model: type[BaseModel]) -> Any:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
         raise ApiError(f"Invalid request: {problems}") from None
+
+
+async def sse_stream(events: AsyncIterator[bytes], jobs: Iterable[Job]) -> AsyncIterator[bytes]:
+    """A route's events, an engine failure as SGLang's error event, then [DONE]; the jobs are cancelled
+    however the stream ends (also when Starlette cancels it because the client left)."""
+    try:
+        async for event in events:
+            yield event
+    except EngineFailed as exc:
+        yield sglang_protocol.sse_error(str(exc), 500)
+    finally:
+        for job in jobs:
+            job.cancel()
+    yield sglang_protocol.SSE_DONE

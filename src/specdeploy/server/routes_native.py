@@ -11,11 +11,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import check_texts, read_json, service_of
+from specdeploy.server.http_utils import check_texts, read_json, service_of, sse_stream
 from specdeploy.server.params import parse_sampling_params
-from specdeploy.server.service import EngineFailed, EngineService
+from specdeploy.server.service import EngineService
 from specdeploy.server.worker import Job
-from specdeploy.sglang_protocol import SSE_DONE, native_output, sse, sse_error
+from specdeploy.sglang_protocol import native_output, sse
 
 router = APIRouter()
 
@@ -103,13 +103,11 @@ async def _stream(
     service: EngineService, gens: list[Generation], jobs: list[Job], batched: bool
 ) -> AsyncIterator[bytes]:
     """One event per engine step with the cumulative text and output_ids (SGLang's default), then [DONE]."""
-    try:
+
+    async def events() -> AsyncIterator[bytes]:
         for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
             async for _ in service.follow(gen, job):
                 yield sse(_output(gen, i if batched else None))
-    except EngineFailed as exc:
-        yield sse_error(str(exc), 500)
-    finally:
-        for job in jobs:
-            job.cancel()  # also runs when Starlette cancels this iterator because the client left
-    yield SSE_DONE
+
+    async for event in sse_stream(events(), jobs):
+        yield event

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
-from specdeploy.server.http_utils import check_texts, read_model, service_of
+from specdeploy.server.http_utils import check_texts, read_model, service_of, sse_stream
 from specdeploy.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,15 +20,13 @@ from specdeploy.server.openai_protocol import (
     StreamOptions,
 )
 from specdeploy.server.params import parse_sampling_params
-from specdeploy.server.service import EngineFailed, EngineService
+from specdeploy.server.service import EngineService
 from specdeploy.server.worker import Job
 from specdeploy.sglang_protocol import (
-    SSE_DONE,
     ChatFlavor,
     CompletionFlavor,
     Flavor,
     OpenAIStream,
-    sse_error,
     usage,
 )
 
@@ -198,7 +196,8 @@ async def _stream(
     else once at the end with include_usage."""
     options = req.stream_options or StreamOptions()
     events = OpenAIStream(flavor, header, options.include_usage, options.continuous_usage_stats)
-    try:
+
+    async def chunks() -> AsyncIterator[bytes]:
         for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):
             for event in events.opening(i, len(gen.prompt_ids), len(gen.output_ids)):
                 yield event
@@ -210,9 +209,6 @@ async def _stream(
                 yield event
         for event in events.final(sum(len(g.prompt_ids) for g in gens), sum(len(g.output_ids) for g in gens)):
             yield event
-    except EngineFailed as exc:
-        yield sse_error(str(exc), 500)
-    finally:
-        for job in jobs:
-            job.cancel()  # also runs when Starlette cancels this iterator because the client left
-    yield SSE_DONE
+
+    async for event in sse_stream(chunks(), jobs):
+        yield event
