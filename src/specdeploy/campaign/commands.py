@@ -19,7 +19,7 @@ from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
 from specdeploy.errors import SpecdeployError
 from specdeploy.lock.resolve import current_lock
-from specdeploy.plan.commands import UPDATE_LOCK_HELP
+from specdeploy.plan.options import UPDATE_LOCK_HELP
 
 
 def plan_tree(spec: CampaignSpec, servers: list[ServerConfig], out: Path, launcher: str) -> Tree:
