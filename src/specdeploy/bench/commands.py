@@ -24,6 +24,7 @@ from specdeploy.bench.other_clients import DEFAULT_CLIENTS_DIR
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import MODES
 
 
 def parse_list(text: str | None, kind: type, option: str) -> list[Any]:
@@ -94,7 +95,9 @@ def bench(
     model: str | None = typer.Option(
         None, help="Model name for the OpenAI routes (default: from /v1/models)."
     ),
-    mode: str = typer.Option("", help="Label of the target's mode for the results (ar, dflash, ddtree)."),
+    mode: str = typer.Option(
+        "", help=f"Label of the target's mode in the results, not checked (e.g. {', '.join(MODES)})."
+    ),
     budget: int | None = typer.Option(None, help="Label: the target's DDTree budget."),
     timeout: float = typer.Option(600.0, help="Seconds before a request counts as timed out."),
     seed: int = typer.Option(0, help="Seed of random prompts and Poisson arrivals."),

@@ -15,14 +15,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from specdeploy.api_key import API_KEY_ENV
-from specdeploy.modes import MODES
+from specdeploy.modes import MODE_HELP
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.make import DEFAULT_PORT, make_plan
 from specdeploy.recipes.schema import HardwareProfile
 
 API_KEY_HELP = f"Require an API key: the server reads it from ${API_KEY_ENV} at launch (written nowhere)."
 UPDATE_LOCK_HELP = "Re-resolve the lock file (Hub, registry, image) before planning, moving its pins."
-MODE_HELP = f"Decoding mode: {', '.join(MODES)} (eagle3 on SGLang only)."
 OVERRIDES_PARAMETER = "overrides"
 
 
