@@ -14,7 +14,7 @@ from rich.console import Console
 from specdeploy.bench.compare import run_compare
 from specdeploy.bench.display import (
     cell_progress,
-    compare_table,
+    compare_tables,
     selftest_table,
     speedup_table,
     summary_table,
@@ -214,7 +214,8 @@ def _compare(
         rows = [asdict(r) for r in comparison.rows]
         typer.echo(json.dumps({"plan": asdict(plan), "rows": rows, "missing": comparison.missing}, indent=2))
         return
-    console.print(compare_table(comparison.rows))
+    for table in compare_tables(comparison.rows):
+        console.print(table)
 
 
 def _plain(value: Any) -> Any:
