@@ -166,7 +166,7 @@ def bench_selftest(
     compare: str | None = typer.Option(
         None,
         help="Instead, run specdeploy's client and these on the same levels, in turn at each level, against "
-        "the same server, in one table judged by its log: any of sglang (its /generate and /v1/completions "
+        "the same server, judged by its log (two tables): any of sglang (its /generate and /v1/completions "
         "backends), aiperf, guidellm. Each is used if installed; a missing one is named with its install command.",
     ),
     clients_dir: Path = typer.Option(
