@@ -164,10 +164,9 @@ def test_two_boxes_side_by_side_in_terminal_json_and_html(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0, result.output
     assert "side by side" in result.output
-    assert (
-        "kimi-k2.6 on rtx-pro-6000-x8 tok/s" in result.output
-        and "kimi-k2.6 on b200-x8 tok/s" in result.output
-    )
+    # the terminal letters the series (A, B) under the table; the HTML page names them in its headers
+    assert "A tok/s" in result.output and "B tok/s" in result.output
+    assert "A: kimi-k2.6 on rtx-pro-6000-x8; B: kimi-k2.6 on b200-x8" in result.output
 
     document = json.loads(
         runner.invoke(app, ["report", str(pcie), str(nvlink), "--out", str(page), "--json"]).stdout
@@ -187,6 +186,7 @@ def test_two_boxes_side_by_side_in_terminal_json_and_html(tmp_path: Path) -> Non
     # Self-contained: nothing is fetched from anywhere.
     assert not re.search(r"<(link|script)\b|src=\"(?!data:)|url\(", html)
     assert html.count("kimi-k2.6 on b200-x8") >= 2 and "Side by side" in html
+    assert "kimi-k2.6 on b200-x8 tok/s" in html
 
 
 def test_same_machine_from_two_campaigns_stays_two_series(tmp_path: Path) -> None:
@@ -221,3 +221,50 @@ def test_bad_report_inputs_say_what_to_give(tmp_path: Path) -> None:
         write_report([run.path], tmp_path / "r.html")
     result = CliRunner().invoke(app, ["report"])
     assert result.exit_code != 0
+
+
+# /server_info as the reference server answers it (server/routes_info.py) and in SGLang's shape (its server
+# arguments, scheduler info and `version`); trimmed to the fields the report reads and a few neighbours.
+REFERENCE_SERVER_INFO = {
+    "model_path": "/zoo/tiny-code/target",
+    "speculative_algorithm": "DDTREE",
+    "device": "cpu",
+    "version": "0.1.0",
+    "engine": {"name": "specdeploy-reference", "version": "0.1.0", "mode": "ddtree", "device": "cpu"},
+}
+SGLANG_SERVER_INFO = {
+    "model_path": "moonshotai/Kimi-K2.6",
+    "tp_size": 8,
+    "nnodes": 1,
+    "device": "cuda",
+    "speculative_algorithm": "DFLASH",
+    "internal_states": [{"avg_spec_accept_length": 3.1}],
+    "version": "0.5.23",
+}
+
+
+@pytest.mark.parametrize(
+    ("info", "engine", "hardware"),
+    [
+        (REFERENCE_SERVER_INFO, "specdeploy-reference 0.1.0", "cpu"),
+        (SGLANG_SERVER_INFO, "sglang 0.5.23", "cuda, TP 8"),
+    ],
+)
+def test_runs_without_a_deployment_name_engine_and_hardware_from_server_info(
+    tmp_path: Path, info: dict, engine: str, hardware: str
+) -> None:
+    run = write_run(tmp_path / "bench", {}, "ar")
+    (run / "server_info.json").write_text(json.dumps({"target": info}))
+    (series,) = load_series([run])
+    assert (series.fact("engine"), series.fact("hardware")) == (engine, hardware)
+    result = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert engine in result.output and hardware in result.output
+    assert engine in (tmp_path / "r.html").read_text()
+
+
+def test_recorded_deployment_facts_win_over_server_info(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "bench", PCIE, "ar")
+    (run / "server_info.json").write_text(json.dumps({"target": SGLANG_SERVER_INFO}))
+    (series,) = load_series([run])
+    assert (series.fact("engine"), series.fact("hardware")) == ("sglang 0.5.23", "rtx-pro-6000-x8")

@@ -9,22 +9,25 @@ from typing import Annotated
 import typer
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import ENGINE_MODE_HELP
 
 
 def generate(
     target: Annotated[str, typer.Option(help="Target checkpoint directory or zoo:NAME.")],
-    mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
+    mode: Annotated[str, typer.Option(help=ENGINE_MODE_HELP)] = "ar",
     draft: Annotated[
         str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
     ] = None,
     budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step.")] = None,
     prompt: Annotated[str | None, typer.Option(help="Prompt text.")] = None,
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this file.")] = None,
-    max_new_tokens: Annotated[int, typer.Option()] = 64,
-    temperature: Annotated[float, typer.Option()] = 0.0,
-    top_p: Annotated[float, typer.Option()] = 1.0,
-    top_k: Annotated[int, typer.Option(help="0 = off.")] = 0,
-    seed: Annotated[int | None, typer.Option()] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens at most (EOS stops earlier).")] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass; 1 = off.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample only from the k likeliest tokens; 0 = off.")] = 0,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the sampling draws (default: a fresh one each run).")
+    ] = None,
     ignore_eos: Annotated[bool, typer.Option(help="Keep going past EOS.")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",

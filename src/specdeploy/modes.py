@@ -9,6 +9,8 @@ from specdeploy.errors import SpecdeployError
 Mode = Literal["ar", "dflash", "ddtree", "eagle3"]
 MODES: tuple[str, ...] = get_args(Mode)  # what a plan can launch (eagle3 on SGLang only)
 ENGINE_MODES: tuple[str, ...] = ("ar", "dflash", "ddtree")  # what the reference engine runs
+MODE_HELP = f"Decoding mode: {', '.join(MODES)} (eagle3 on SGLang only)."
+ENGINE_MODE_HELP = f"Decoding mode of the reference engine: {', '.join(ENGINE_MODES)}."
 
 
 def check_mode(mode: str, budget: int | None, modes: tuple[str, ...] = MODES) -> None:

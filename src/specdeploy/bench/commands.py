@@ -14,7 +14,7 @@ from rich.console import Console
 from specdeploy.bench.compare import run_compare
 from specdeploy.bench.display import (
     cell_progress,
-    compare_table,
+    compare_tables,
     selftest_table,
     speedup_table,
     summary_table,
@@ -24,6 +24,7 @@ from specdeploy.bench.other_clients import DEFAULT_CLIENTS_DIR
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import MODES
 
 
 def parse_list(text: str | None, kind: type, option: str) -> list[Any]:
@@ -94,7 +95,9 @@ def bench(
     model: str | None = typer.Option(
         None, help="Model name for the OpenAI routes (default: from /v1/models)."
     ),
-    mode: str = typer.Option("", help="Label of the target's mode for the results (ar, dflash, ddtree)."),
+    mode: str = typer.Option(
+        "", help=f"Label of the target's mode in the results, not checked (e.g. {', '.join(MODES)})."
+    ),
     budget: int | None = typer.Option(None, help="Label: the target's DDTree budget."),
     timeout: float = typer.Option(600.0, help="Seconds before a request counts as timed out."),
     seed: int = typer.Option(0, help="Seed of random prompts and Poisson arrivals."),
@@ -163,7 +166,7 @@ def bench_selftest(
     compare: str | None = typer.Option(
         None,
         help="Instead, run specdeploy's client and these on the same levels, in turn at each level, against "
-        "the same server, in one table judged by its log: any of sglang (its /generate and /v1/completions "
+        "the same server, judged by its log (two tables): any of sglang (its /generate and /v1/completions "
         "backends), aiperf, guidellm. Each is used if installed; a missing one is named with its install command.",
     ),
     clients_dir: Path = typer.Option(
@@ -211,7 +214,8 @@ def _compare(
         rows = [asdict(r) for r in comparison.rows]
         typer.echo(json.dumps({"plan": asdict(plan), "rows": rows, "missing": comparison.missing}, indent=2))
         return
-    console.print(compare_table(comparison.rows))
+    for table in compare_tables(comparison.rows):
+        console.print(table)
 
 
 def _plain(value: Any) -> Any:

@@ -12,6 +12,7 @@ from rich.table import Table
 from specdeploy.bench.compare import CompareRow
 from specdeploy.bench.results import CellSummary, Comparison, Distribution, RunSummary
 from specdeploy.bench.selftest import LevelResult
+from specdeploy.terminal_tables import add_columns, narrow_table
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -31,12 +32,16 @@ def _load(cell: CellSummary) -> str:
 
 
 def summary_table(summary: RunSummary) -> Table:
-    """One row per cell: throughput, latencies (ms), tau and the paired speedup (95% CI)."""
-    table = Table(title="bench results (latencies in ms; speedup with 95% bootstrap CI)")
-    for column in ("cell", "load", "rep", "req/s", "tok/s", "tok/s/user", "TTFT p50", "TPOT", "ITL p50"):
-        table.add_column(column, justify="left" if column == "cell" else "right")
-    for column in ("chunk gap", "tau", "errors", "speedup", "match"):
-        table.add_column(column, justify="right")
+    """One row per cell, key columns only: tokens/s, TTFT, tau, errors and the paired speedup (95% CI).
+
+    summary.json (`bench --json`) and the report hold every other figure (req/s, TPOT, ITL, chunk gap, ...)."""
+    table = narrow_table("bench results (TTFT p50 in ms; speedup with 95% bootstrap CI)")
+    add_columns(
+        table,
+        ("cell", "load", "rep", "tok/s", "TTFT", "tau", "err", "speedup", "match"),
+        ("cell",),
+        ("cell",),
+    )
     for cell in summary.cells.values():
         m, key = cell.metrics, cell.key
         comparison = cell.comparison
@@ -46,13 +51,8 @@ def summary_table(summary: RunSummary) -> Table:
             + ("" if key.budget is None else f" b={key.budget}"),
             _load(cell),
             str(key.repeat),
-            _num(m.requests_per_s, 2),
             _num(m.output_tok_s),
-            _num(m.output_tok_s_per_user.p50),
             _num(m.ttft_ms.p50),
-            _num(m.tpot_ms.mean, 2),
-            _num(m.itl_ms.p50, 2),
-            _num(m.chunk_gap_ms.p50, 2),
             _num(m.tau.mean, 2),
             str(m.n_errors),
             _speedup(comparison),
@@ -62,9 +62,8 @@ def summary_table(summary: RunSummary) -> Table:
 
 
 def speedup_table(summary: RunSummary) -> Table:
-    table = Table(title="speedup per load point, all repeats pooled")
-    for column in ("load point", "pairs", "speedup", "match"):
-        table.add_column(column, justify="left" if column == "load point" else "right")
+    table = narrow_table("speedup per load point, all repeats pooled")
+    add_columns(table, ("load point", "pairs", "speedup", "match"), ("load point",), ("load point",))
     for point, comparison in summary.speedups.items():
         match = comparison.output_match_rate
         table.add_row(
@@ -77,32 +76,19 @@ def speedup_table(summary: RunSummary) -> Table:
 
 
 def _dist(d: Distribution) -> str:
-    return f"{_num(d.p50, 2)} / {_num(d.p99, 2)}"
+    return f"{_num(d.p50, 2)}/{_num(d.p99, 2)}"
 
 
 def selftest_table(results: list[LevelResult]) -> Table:
-    table = Table(title="client self-test against a loopback server (errors in ms, p50 / p99)")
-    columns = (
-        "conc",
-        "reqs",
-        "err",
-        "req/s (ideal)",
-        "tok/s (ideal)",
-        "CPU client / server",
-        "TTFT err",
-        "chunk lag",
-        "ITL err",
-    )
-    for column in columns:
-        table.add_column(column, justify="right")
+    """Key columns only; `bench-selftest --json` has every figure (requests, tokens/s, ...)."""
+    table = narrow_table("client self-test against a loopback server (ms, p50/p99)")
+    add_columns(table, ("conc", "err", "req/s (ideal)", "CPU cl/srv", "TTFT err", "chunk lag", "ITL err"))
     for r in results:
         table.add_row(
             str(r.concurrency),
-            str(r.requests),
             str(r.errors),
             f"{r.requests_per_s:,.1f} ({r.ideal_requests_per_s:,.1f})",
-            f"{r.tokens_per_s:,.0f} ({r.ideal_tokens_per_s:,.0f})",
-            f"{r.client_cpu:.0%} / " + ("-" if r.server_cpu is None else f"{r.server_cpu:.0%}"),
+            f"{r.client_cpu:.0%}/" + ("-" if r.server_cpu is None else f"{r.server_cpu:.0%}"),
             _dist(r.ttft_error_ms),
             _dist(r.chunk_lag_ms),
             _dist(r.itl_error_ms),
@@ -111,27 +97,31 @@ def selftest_table(results: list[LevelResult]) -> Table:
 
 
 def _pair(values: tuple[float, float] | None) -> str:
-    return "-" if values is None else f"{values[0]:+.2f} / {values[1]:+.2f}"
+    return "-" if values is None else f"{values[0]:+.2f}/{values[1]:+.2f}"
 
 
-def compare_table(rows: list[CompareRow]) -> Table:
-    """One row per level and client, every figure against the loopback server's own log."""
-    table = Table(title="clients against the loopback server's log (ms; client minus log, p50 / p99)")
-    for column in ("conc", "client", "done", "req/s (plan)", "TTFT err", "ITL err", "ITL as", "CPU ms/req"):
-        table.add_column(column, justify="left" if column in ("client", "ITL as") else "right")
+def compare_tables(rows: list[CompareRow]) -> list[Table]:
+    """One row per level and client, every figure against the loopback server's own log; two tables, so
+    that each fits 80 columns: the rates and errors, then what each client calls ITL and its CPU cost."""
+    errors = narrow_table("clients against the loopback server's log (ms; client minus log, p50/p99)")
+    add_columns(
+        errors, ("conc", "client", "done", "req/s (plan)", "TTFT err", "ITL err"), ("client",), ("client",)
+    )
+    costs = narrow_table("the same clients: what their ITL is, and their CPU per request")
+    add_columns(costs, ("conc", "client", "ITL as", "CPU ms/req"), ("client", "ITL as"), ("client", "ITL as"))
     for r in rows:
         rate = "-" if r.requests_per_s is None else f"{r.requests_per_s:,.1f}"
-        table.add_row(
+        client = r.client + (f" ({r.note})" if r.note else "")
+        errors.add_row(
             str(r.concurrency),
-            r.client + (f" ({r.note})" if r.note else ""),
+            client,
             f"{r.completed}/{r.planned}",
             f"{rate} ({r.ideal_requests_per_s:,.1f})",
             _pair(r.ttft_error_ms),
             _pair(r.itl_error_ms),
-            r.itl_kind,
-            _num(r.cpu_ms_per_request, 2),
         )
-    return table
+        costs.add_row(str(r.concurrency), client, r.itl_kind, _num(r.cpu_ms_per_request, 2))
+    return [errors, costs]
 
 
 @contextmanager

@@ -19,7 +19,8 @@ from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
 from specdeploy.errors import SpecdeployError
 from specdeploy.lock.resolve import current_lock
-from specdeploy.plan.commands import UPDATE_LOCK_HELP
+from specdeploy.plan.options import UPDATE_LOCK_HELP
+from specdeploy.terminal_tables import add_columns, narrow_table
 
 
 def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, launcher: str) -> Tree:
@@ -47,9 +48,9 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
 
 
 def state_table(state: CampaignState) -> Table:
-    table = Table(title=f"campaign {state.name}")
-    for column in ("server", "status", "starts", "deaths", "failed cells", "error"):
-        table.add_column(column)
+    table = narrow_table(f"campaign {state.name}")
+    headers = ("server", "status", "starts", "deaths", "failed cells", "error")
+    add_columns(table, headers, ("server", "status", "failed cells", "error"), ("failed cells", "error"))
     for server_id, server in state.servers.items():
         table.add_row(
             server_id,

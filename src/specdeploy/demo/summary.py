@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from specdeploy.demo.flow import DemoOptions, DemoRun
+from specdeploy.terminal_tables import add_columns, narrow_table
 
 SCHEMA = "specdeploy.demo/1"
 
@@ -58,14 +59,13 @@ def mode_rows(run: DemoRun) -> list[ModeRow]:
 
 
 def table(rows: list[ModeRow], options: DemoOptions) -> Table:
-    result = Table(
-        title=f"{options.pair} served on this CPU: {options.prompts} prompts x {options.repeats} repeats, greedy, "
+    result = narrow_table(
+        f"{options.pair} served on this CPU: {options.prompts} prompts x {options.repeats} repeats, greedy, "
         f"{options.max_new_tokens} new tokens",
-        caption="speedup: AR's time per output token over the mode's, same prompts, 95% bootstrap CI; "
+        "speedup: AR's time per output token over the mode's, same prompts, 95% bootstrap CI; "
         "same output: greedy outputs identical to AR's",
     )
-    for column in ("mode", "tau", "tokens/s", "speedup vs ar", "same output"):
-        result.add_column(column, justify="left" if column == "mode" else "right")
+    add_columns(result, ("mode", "tau", "tokens/s", "speedup vs ar", "same output"), ("mode",))
     for row in rows:
         if row.mode == "ar":
             speedup, match = "baseline", "-"

@@ -32,8 +32,8 @@ from specdeploy.deploy.render import (
     print_status,
 )
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.commands import API_KEY_HELP, UPDATE_LOCK_HELP
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.plan.options import UPDATE_LOCK_HELP, PlanOverrides, plan_with, with_plan_options
 from specdeploy.recipes.loader import list_hardware, load_hardware
 
 RunDirArgument = Annotated[
@@ -42,30 +42,18 @@ RunDirArgument = Annotated[
 
 
 def _plan_for(
-    recipe: str,
-    hardware: str,
-    mode: str,
-    budget: int | None,
-    port: int | None,
-    api_key: bool = False,
-    update_lock: bool = False,
+    recipe: str, hardware: str, overrides: PlanOverrides
 ) -> tuple[LaunchPlan, DetectedHardware | None]:
-    """The LaunchPlan (under the recipe's lock, if any), and the detected hardware when `auto` had to look."""
-    from specdeploy.lock.resolve import current_lock
-    from specdeploy.plan import make_plan
-
+    """`plan`'s plan for these options (under the recipe's lock, if any), and the detected hardware when
+    `auto` had to look."""
     detected = None
     if hardware == "auto":
         detected = detect_hardware()
         profile = profile_for(detected, list_hardware())
     else:
         profile = load_hardware(hardware)
-    overrides = {"port": port} if port is not None else {}
     try:
-        lock = current_lock(recipe, update_lock)
-        return make_plan(
-            recipe, profile, mode, budget=budget, lock=lock, api_key=api_key, **overrides
-        ), detected
+        return plan_with(recipe, profile, overrides), detected
     except SpecdeployError as exc:
         if detected is None or detected.gpus:
             raise
@@ -74,11 +62,10 @@ def _plan_for(
         ) from exc
 
 
+@with_plan_options
 def up(
     recipe: Annotated[str, typer.Argument(help="Recipe name (`kimi-k2.6`) or a recipe .toml file.")],
     hardware: Annotated[str, typer.Option(help="`auto` (detect the GPUs) or a hardware profile.")] = "auto",
-    mode: Annotated[str, typer.Option(help="ar, dflash, ddtree or eagle3.")] = "dflash",
-    budget: Annotated[int | None, typer.Option(help="DDTree draft-tree budget (nodes per step).")] = None,
     launcher: Annotated[
         str | None,
         typer.Option(help=f"{', '.join(LAUNCHERS)} (default: reference for CPU plans, docker otherwise)."),
@@ -86,7 +73,6 @@ def up(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Plan and preflight only; launch nothing.")
     ] = False,
-    port: Annotated[int | None, typer.Option(help="Serve on this port instead of the plan's.")] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="Run directory (default: runs/<time>-<recipe>-<mode>).")
     ] = None,
@@ -94,14 +80,13 @@ def up(
         float, typer.Option(help="Seconds to wait for the server.")
     ] = DEFAULT_HEALTH_TIMEOUT_S,
     smoke: Annotated[bool, typer.Option(help="Send a few prompts once healthy.")] = True,
-    api_key: Annotated[bool, typer.Option("--api-key", help=API_KEY_HELP)] = False,
-    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
+    overrides: PlanOverrides = PlanOverrides(),
 ) -> None:
     """Preflight, download the weights, launch, wait for health, smoke-test and record a deployment.
 
     Uses the recipe's lock file when there is one; a DDTree image is built once per host and reused."""
     console = Console()
-    plan, detected = _plan_for(recipe, hardware, mode, budget, port, api_key, update_lock)
+    plan, detected = _plan_for(recipe, hardware, overrides)
     chosen = launcher or ("reference" if plan.engine.name == "reference" else "docker")
     if chosen not in LAUNCHERS:
         raise SpecdeployError(f"unknown launcher {chosen!r}: use one of {', '.join(LAUNCHERS)}")

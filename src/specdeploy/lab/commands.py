@@ -52,7 +52,7 @@ def hybrid_tree(
     draft: Annotated[str, typer.Option(help="DFlash drafter directory or zoo:NAME.")],
     budgets: Annotated[str, typer.Option(help="DDTree budgets, comma-separated.")] = "4,16,64",
     prompts: Annotated[int, typer.Option(help="Number of prompts.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 64,
     ignore_eos: Annotated[bool, typer.Option(help="Keep going past EOS.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts (targets without tokenizer).")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",

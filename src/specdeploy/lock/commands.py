@@ -12,12 +12,13 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.lock.registry import REGISTRY_URL_ENV
 from specdeploy.lock.resolve import DigestSource, LockOptions, current_lock
 from specdeploy.recipes.lock import LockFile, lock_path_for, read_lock
+from specdeploy.terminal_tables import add_columns, narrow_table
 
 
 def lock_table(lock: LockFile) -> Table:
-    table = Table(title=f"lock of {lock.recipe}", show_lines=False)
-    for column in ("what", "asked for", "pinned to", "detail"):
-        table.add_column(column, overflow="fold")
+    table = narrow_table(f"lock of {lock.recipe}")
+    headers = ("what", "asked for", "pinned to", "detail")
+    add_columns(table, headers, headers, headers)
     for model in lock.models:
         lfs = sum(1 for f in model.files if f.sha256)
         count = f"{len(model.files)} file{'s' if len(model.files) != 1 else ''}"

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import ENGINE_MODE_HELP
 
 
 def profile(
@@ -17,7 +18,7 @@ def profile(
     draft: Annotated[
         str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
     ] = None,
-    mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
+    mode: Annotated[str, typer.Option(help=ENGINE_MODE_HELP)] = "ar",
     budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step (ddtree only).")] = None,
     random_shape: Annotated[
         str | None,

@@ -6,15 +6,12 @@ from typing import Annotated
 
 import typer
 
-from specdeploy.api_key import API_KEY_ENV
-from specdeploy.plan.make import make_plan
+from specdeploy.plan.options import PlanOverrides, plan_with, with_plan_options
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
 from specdeploy.recipes.schema import HardwareProfile
 
 AUTO = "auto"
-API_KEY_HELP = f"Require an API key: the server reads it from ${API_KEY_ENV} at launch (written nowhere)."
-UPDATE_LOCK_HELP = "Re-resolve the lock file (Hub, registry, image) before planning, moving its pins."
 
 
 def resolve_hardware(name_or_path: str) -> HardwareProfile:
@@ -26,47 +23,19 @@ def resolve_hardware(name_or_path: str) -> HardwareProfile:
     return profile_for(detect_hardware(), list_hardware())
 
 
+@with_plan_options
 def plan(
     recipe: Annotated[str, typer.Argument(help="Recipe name (`kimi-k2.6`) or a recipe .toml file.")],
     hardware: Annotated[
         str, typer.Option(help="Hardware profile (`specdeploy recipes` lists them), a .toml file, or auto.")
     ],
-    mode: Annotated[str, typer.Option(help="ar, dflash, ddtree or eagle3.")] = "dflash",
-    budget: Annotated[int | None, typer.Option(help="DDTree tree nodes per step (ddtree only).")] = None,
-    tp: Annotated[int | None, typer.Option(help="Tensor-parallel size (default: chosen to fit).")] = None,
-    context_length: Annotated[int | None, typer.Option(help="Longest request, in tokens.")] = None,
-    max_running_requests: Annotated[
-        int | None, typer.Option(help="Concurrent requests the server runs.")
-    ] = None,
-    nnodes: Annotated[int, typer.Option(help="Nodes of this profile that serve together.")] = 1,
-    attention_backend: Annotated[
-        str | None, typer.Option(help="Override the target's attention backend.")
-    ] = None,
-    port: Annotated[int, typer.Option(help="HTTP port of the server.")] = 30000,
-    fmt: Annotated[str, typer.Option("--format", help=" | ".join(RENDERERS))] = "text",
-    api_key: Annotated[bool, typer.Option("--api-key", help=API_KEY_HELP)] = False,
-    update_lock: Annotated[bool, typer.Option("--update-lock", help=UPDATE_LOCK_HELP)] = False,
+    overrides: PlanOverrides,
+    fmt: Annotated[str, typer.Option("--format", help=f"Output format: {' | '.join(RENDERERS)}.")] = "text",
 ) -> None:
     """Show what would run on this hardware and why: argv, env, image, memory, warnings. Launches nothing.
 
     Uses the recipe's lock file when there is one (`specdeploy lock`) and refuses one that drifted."""
-    # Resolving reaches the Hub and the registry, so it lives above plan; reading a lock does not.
-    from specdeploy.lock.resolve import current_lock
-
-    launch_plan = make_plan(
-        recipe,
-        resolve_hardware(hardware),
-        mode,
-        budget=budget,
-        tp=tp,
-        context_length=context_length,
-        max_running_requests=max_running_requests,
-        nnodes=nnodes,
-        attention_backend=attention_backend,
-        port=port,
-        lock=current_lock(recipe, update_lock),
-        api_key=api_key,
-    )
+    launch_plan = plan_with(recipe, resolve_hardware(hardware), overrides)
     typer.echo(render_plan(launch_plan, fmt), nl=False)
 
 

@@ -14,7 +14,7 @@ from specdeploy.report.html import render_html
 from specdeploy.report.plots import all_plots
 from specdeploy.report.rows import ReportRow, report_document, report_rows
 from specdeploy.report.runs import Series, load_series
-from specdeploy.report.tables import comparison_table, rows_table, series_table
+from specdeploy.report.tables import comparison_tables, rows_tables, series_table
 
 
 def write_report(run_dirs: list[Path], out: Path) -> tuple[list[Series], list[ReportRow]]:
@@ -47,7 +47,9 @@ def report(
         return
     console = Console()
     console.print(series_table(series))
-    console.print(rows_table(rows))
+    for table in rows_tables(rows, series):
+        console.print(table)
     if len(series) > 1:
-        console.print(comparison_table(rows, series))
+        for table in comparison_tables(rows, series):
+            console.print(table)
     console.print(f"HTML report in {out}")

@@ -3,6 +3,7 @@
 A series is what one line of a plot and one column of the side-by-side table stands for: the runs
 of one recipe on one machine (from the manifest's deployment facts, which the campaign records),
 or, for a plain `specdeploy bench` run that has none, the directory given on the command line.
+Such a run still names its engine and hardware: from the target's /server_info, which bench records.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from specdeploy.bench.results import (
     MANIFEST_FILE,
+    SERVER_INFO_FILE,
     SUMMARY_FILE,
     RequestRecord,
     RunDirectory,
@@ -30,10 +32,38 @@ class LoadedRun:
     manifest: RunManifest
     summary: RunSummary
     records: list[RequestRecord]
+    server_info: dict[str, Any] | None = None  # the target's /server_info as bench recorded it
 
     @property
     def facts(self) -> dict[str, Any]:
-        return self.manifest.deployment
+        """The deployment facts, with engine and hardware from /server_info where no deployment was recorded."""
+        recorded = {k: v for k, v in self.manifest.deployment.items() if v is not None}
+        return {**server_facts(self.server_info), **recorded}
+
+
+def server_facts(info: Any) -> dict[str, str]:
+    """`engine` and `hardware` as a server's /server_info states them: the reference server names itself in
+    `engine` ({name, version, device}); SGLang lists its server arguments (device, tp_size, nnodes) and its
+    `version`. No GPU model is in either, so hardware is the device and the parallelism."""
+    if not isinstance(info, dict):
+        return {}
+    facts: dict[str, str] = {}
+    engine = info.get("engine")
+    if isinstance(engine, dict) and engine.get("name"):
+        facts["engine"] = f"{engine['name']} {engine.get('version') or ''}".strip()
+    elif isinstance(engine, str) and engine:
+        facts["engine"] = engine
+    elif info.get("version"):
+        facts["engine"] = f"sglang {info['version']}"
+    device = info.get("device") or (engine.get("device") if isinstance(engine, dict) else None)
+    if device:
+        tp, nodes = info.get("tp_size"), info.get("nnodes")
+        facts["hardware"] = (
+            str(device)
+            + (f", TP {tp}" if isinstance(tp, int) and tp > 1 else "")
+            + (f", {nodes} nodes" if isinstance(nodes, int) and nodes > 1 else "")
+        )
+    return facts
 
 
 @dataclass(frozen=True)
@@ -75,7 +105,8 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 def load_run(path: Path, root: Path) -> LoadedRun:
     run = RunDirectory(path)
-    return LoadedRun(path, root, run.read_manifest(), run.read_summary(), run.read_records())
+    info = run.read_server_info().get("target") if (path / SERVER_INFO_FILE).is_file() else None
+    return LoadedRun(path, root, run.read_manifest(), run.read_summary(), run.read_records(), info)
 
 
 def _label(run: LoadedRun) -> str:

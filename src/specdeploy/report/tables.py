@@ -1,47 +1,75 @@
-"""Rich tables of a report for the terminal."""
+"""Rich tables of a report for the terminal: the key columns, legible at 80 columns.
+
+The HTML page and `report --json` carry every column (recipe, interconnect, GPUs, latencies, errors, ...)."""
 
 from __future__ import annotations
 
+from string import ascii_uppercase
+
 from rich.table import Table
 
-from specdeploy.report.columns import COLUMNS, side_by_side
+from specdeploy.report.columns import num, percent, speedup_text
 from specdeploy.report.rows import ReportRow
 from specdeploy.report.runs import Series
+from specdeploy.terminal_tables import add_columns, narrow_table
 
-LEFT_ALIGNED = {"series", "dataset", "mode", "load"}
+SERIES_PER_COMPARISON = 2  # series side by side in one terminal table
 
 
 def series_table(series: list[Series]) -> Table:
-    table = Table(title="runs")
-    for column in ("series", "recipe", "hardware", "interconnect", "GPUs", "engine", "run directories"):
-        table.add_column(column)
+    table = narrow_table("runs")
+    add_columns(
+        table, ("series", "hardware", "engine", "runs"), ("series", "hardware", "engine"), ("series",)
+    )
     for s in series:
-        table.add_row(
-            s.label,
-            s.fact("recipe"),
-            s.fact("hardware"),
-            s.fact("interconnect"),
-            s.gpu,
-            s.fact("engine"),
-            str(len(s.runs)),
+        table.add_row(s.label, s.fact("hardware"), s.fact("engine"), str(len(s.runs)))
+    return table
+
+
+def rows_tables(rows: list[ReportRow], series: list[Series]) -> list[Table]:
+    """One table per series: tokens/s, tau and the speedup against the paired AR run, per load point."""
+    tables = []
+    for s in series:
+        table = narrow_table(f"{s.label}: per load point (repeats pooled; speedup against the paired AR run)")
+        add_columns(
+            table,
+            ("dataset", "mode", "load", "tok/s", "tau", "speedup [95% CI]", "match"),
+            ("dataset", "mode", "load"),
         )
-    return table
+        for row in rows:
+            if row.series == s.label:
+                table.add_row(
+                    row.dataset,
+                    row.mode_label,
+                    row.load_label,
+                    num(row.output_tok_s),
+                    num(row.tau_mean, 2),
+                    speedup_text(row.speedup),
+                    percent(row.match_rate),
+                )
+        tables.append(table)
+    return tables
 
 
-def rows_table(rows: list[ReportRow]) -> Table:
-    table = Table(title="results per load point (repeats pooled; speedup against the paired AR run)")
-    for header, _ in COLUMNS:
-        table.add_column(header, justify="left" if header in LEFT_ALIGNED else "right")
+def comparison_tables(rows: list[ReportRow], series: list[Series]) -> list[Table]:
+    """Tokens/s and speedup per measured point, series side by side (a few per table, lettered)."""
+    letters = {s.label: ascii_uppercase[i % 26] for i, s in enumerate(series)}
+    by_point: dict[tuple[str, str, str], dict[str, ReportRow]] = {}
     for row in rows:
-        table.add_row(*(cell(row) for _, cell in COLUMNS))
-    return table
-
-
-def comparison_table(rows: list[ReportRow], series: list[Series]) -> Table:
-    header, body = side_by_side(rows, [s.label for s in series])
-    table = Table(title="side by side")
-    for column in header:
-        table.add_column(column, justify="left" if column in LEFT_ALIGNED else "right")
-    for cells in body:
-        table.add_row(*cells)
-    return table
+        by_point.setdefault(row.point, {})[row.series] = row
+    tables = []
+    for start in range(0, len(series), SERIES_PER_COMPARISON):
+        group = series[start : start + SERIES_PER_COMPARISON]
+        caption = "; ".join(f"{letters[s.label]}: {s.label}" for s in group)
+        table = narrow_table("side by side", caption)
+        headers = [f"{letters[s.label]} {what}" for s in group for what in ("tok/s", "speedup")]
+        add_columns(table, ("dataset", "mode", "load", *headers), ("dataset", "mode", "load"))
+        for point, found in by_point.items():
+            cells = list(point)
+            for s in group:
+                row = found.get(s.label)
+                speedup = "-" if row is None or row.speedup is None else f"{row.speedup.estimate:.2f}x"
+                cells += ["-", "-"] if row is None else [num(row.output_tok_s), speedup]
+            table.add_row(*cells)
+        tables.append(table)
+    return tables

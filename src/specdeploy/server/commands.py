@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.api_key import API_KEY_ENV
+from specdeploy.modes import ENGINE_MODE_HELP
 from specdeploy.server.guard import DEFAULT_MAX_BODY_BYTES
 
 
@@ -16,7 +17,7 @@ def serve(
     draft: Annotated[
         str | None, typer.Option(help="DFlash drafter directory or zoo:NAME (dflash, ddtree).")
     ] = None,
-    mode: Annotated[str, typer.Option(help="ar, dflash or ddtree.")] = "ar",
+    mode: Annotated[str, typer.Option(help=ENGINE_MODE_HELP)] = "ar",
     budget: Annotated[
         str | None,
         typer.Option(
@@ -30,8 +31,8 @@ def serve(
     max_running_requests: Annotated[
         int, typer.Option(help="Requests decoded together in one batch; the rest wait in the queue.")
     ] = 8,
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    port: Annotated[int, typer.Option()] = 30000,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port to listen on.")] = 30000,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",
     max_queued_requests: Annotated[
@@ -110,8 +111,10 @@ def load(
     url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:30000.")],
     concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
     requests: Annotated[int, typer.Option(help="Requests in total.")] = 32,
-    max_new_tokens: Annotated[int, typer.Option()] = 64,
-    prompt: Annotated[str, typer.Option()] = "Write a short story about a lighthouse keeper.",
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per request (greedy).")] = 64,
+    prompt: Annotated[
+        str, typer.Option(help="Prompt text every request sends.")
+    ] = "Write a short story about a lighthouse keeper.",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Send streaming /generate requests at a fixed concurrency; report requests/s, output tokens/s, errors."""

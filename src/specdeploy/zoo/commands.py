@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from specdeploy.terminal_tables import add_columns, narrow_table
 from specdeploy.zoo.registry import get_pair, zoo_pairs
 
 EVAL_BUDGETS = (16, 32)  # the demo's default budget and the one the zoo's quality bar names
@@ -17,10 +17,13 @@ EVAL_BUDGETS = (16, 32)  # the demo's default budget and the one the zoo's quali
 def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per pair.")] = False,
 ) -> None:
-    """Show the zoo's trained pairs: family, parameters, block size, size on disk and card summary."""
+    """Show the zoo's pairs: family, parameters, size on disk and the tau their cards record (`-`: none).
+
+    --json adds the block size and the card's summary."""
     rows = []
     for pair in zoo_pairs():
         log = pair.train_log()
+        tau = pair.measured_tau()
         rows.append(
             {
                 "name": pair.name,
@@ -33,24 +36,31 @@ def list_command(
                 "size_bytes": pair.size_bytes() if pair.directory.exists() else 0,
                 "shipped": pair.shipped,
                 "summary": pair.card_summary(),
+                "tau_dflash": tau.dflash,
+                "tau_ddtree": tau.ddtree,
+                "ddtree_budget": tau.ddtree_budget,
             }
         )
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row))
         return
-    table = Table(title="specdeploy zoo")
-    for column in ("name", "family", "target", "drafter", "block", "on disk", "card"):
-        table.add_column(column, overflow="fold")
+    table = narrow_table("specdeploy zoo (tau: as the pair's card records it)")
+    add_columns(
+        table,
+        ("name", "family", "target", "drafter", "on disk", "dflash tau", "ddtree tau"),
+        ("name", "family"),
+    )
     for row in rows:
+        budget = f" (b{row['ddtree_budget']})" if row["tau_ddtree"] is not None else ""
         table.add_row(
             row["name"],
             row["family"],
             _millions(row["target_parameters"]),
             _millions(row["draft_parameters"]),
-            str(row["block_size"]),
             f"{row['size_bytes'] / 1e6:.1f} MB" if row["shipped"] else "not trained",
-            row["summary"],
+            _tau(row["tau_dflash"]),
+            _tau(row["tau_ddtree"]) + budget,
         )
     Console().print(table)
 
@@ -77,6 +87,10 @@ def eval_command(
     Console().print(mode_table(evaluation.rows, f"{name}: {prompts} held-out prompts, greedy"))
     if write_card:
         evaluate.write_card(name, evaluation)
+
+
+def _tau(tau: float | None) -> str:
+    return "-" if tau is None else f"{tau:.2f}"
 
 
 def _millions(count: int | None) -> str:

@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.specs import PAIRS, PairSpec
+
+if TYPE_CHECKING:
+    from specdeploy.zoo.table import MeasuredTau
 
 ZOO_PREFIX = "zoo:"
 MODELS_DIR = Path(__file__).parent / "models"
@@ -57,6 +61,14 @@ class ZooPair:
     def train_log(self) -> dict:
         path = self.directory / "train_log.json"
         return json.loads(path.read_text()) if path.is_file() else {}
+
+    def measured_tau(self) -> MeasuredTau:
+        """DFlash and DDTree tau from the card's acceptance table (`zoo eval --write-card`); None without."""
+        from specdeploy.zoo.table import MeasuredTau, measured_tau
+
+        if not self.card_path.is_file():
+            return MeasuredTau(None, None, None)
+        return measured_tau(self.card_path.read_text())
 
     def card_summary(self) -> str:
         """The first sentence of the card's first paragraph after its title, on one line."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rich.table import Table
 
+from specdeploy.terminal_tables import add_columns, narrow_table
 from specdeploy.zoo.measure import ModeResult
 
 
@@ -41,12 +43,8 @@ def mode_rows(results: list[ModeResult]) -> list[ModeRow]:
 
 
 def mode_table(rows: list[ModeRow], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("mode")
-    table.add_column("tau", justify="right")
-    table.add_column("tokens/s", justify="right")
-    table.add_column("speedup vs ar", justify="right")
-    table.add_column("same output as ar (T=0)", justify="right")
+    table = narrow_table(title)
+    add_columns(table, ("mode", "tau", "tokens/s", "speedup vs ar", "same output as ar (T=0)"), ("mode",))
     for row in rows:
         table.add_row(
             row.label,
@@ -56,6 +54,30 @@ def mode_table(rows: list[ModeRow], title: str) -> Table:
             "baseline" if row.matched is None else f"{row.matched}/{row.prompts}",
         )
     return table
+
+
+@dataclass(frozen=True)
+class MeasuredTau:
+    """The tau a card's acceptance table records: DFlash's, and DDTree's best over the budgets measured."""
+
+    dflash: float | None
+    ddtree: float | None
+    ddtree_budget: int | None
+
+
+_CARD_ROW = re.compile(r"^\| (dflash|ddtree \(budget (\d+)\)) \| (\d+(?:\.\d+)?) \|", re.MULTILINE)
+
+
+def measured_tau(card: str) -> MeasuredTau:
+    """The tau rows of the table `markdown_table` wrote into a card; None where the card has none."""
+    dflash, ddtree = None, []
+    for label, budget, tau in _CARD_ROW.findall(card):
+        if label == "dflash":
+            dflash = float(tau)
+        else:
+            ddtree.append((float(tau), int(budget)))
+    best = max(ddtree, default=(None, None))
+    return MeasuredTau(dflash, best[0], best[1])
 
 
 def markdown_table(rows: list[ModeRow]) -> str:

@@ -39,7 +39,7 @@ def train_command(
     checkpoint_minutes: float = typer.Option(
         CHUNK.checkpoint_minutes, help="Checkpoint at least this often."
     ),
-    seed: int = typer.Option(RUN.seed),
+    seed: int = typer.Option(RUN.seed, help="Seed of weight initialisation, data order and rollout prompts."),
     scale: float = typer.Option(
         RUN.scale, help="Model width factor; below 1 also shrinks depth (quick runs)."
     ),
@@ -48,7 +48,7 @@ def train_command(
     ),
     target_steps: int = typer.Option(RUN.target_steps, help="Target steps at most."),
     target_batch: int = typer.Option(RUN.target_batch, help="Windows per target step."),
-    target_lr: float = typer.Option(RUN.target_lr),
+    target_lr: float = typer.Option(RUN.target_lr, help="Target learning rate."),
     seq_len: int = typer.Option(RUN.seq_len, help="Target training window (tokens)."),
     rollouts: int = typer.Option(
         RUN.rollouts, help="Greedy target rollouts for the drafter, from distinct prompts."
@@ -64,7 +64,7 @@ def train_command(
     ),
     draft_steps: int = typer.Option(RUN.draft_steps, help="Drafter steps at most."),
     draft_batch: int = typer.Option(RUN.draft_batch, help="Rollouts per drafter step."),
-    draft_lr: float = typer.Option(RUN.draft_lr),
+    draft_lr: float = typer.Option(RUN.draft_lr, help="Drafter learning rate."),
     blocks_per_sequence: int = typer.Option(
         RUN.blocks_per_sequence, help="Drafter blocks (anchors) per rollout."
     ),
@@ -72,7 +72,9 @@ def train_command(
         CHUNK.archive_dir,
         help="Also write each pair as a tar split into parts (<= --archive-part-mb) after each save.",
     ),
-    archive_part_mb: int = typer.Option(CHUNK.archive_part_bytes >> 20),
+    archive_part_mb: int = typer.Option(
+        CHUNK.archive_part_bytes >> 20, help="Largest part of a --archive-dir tar, in MiB."
+    ),
 ) -> None:
     """Train tokenizer, targets and DFlash drafters for the zoo's pairs, checkpointing as it goes.
 

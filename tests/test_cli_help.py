@@ -1,0 +1,61 @@
+"""Every option of every command, sub-apps included, has a help text; `--mode` lists its choices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+
+from specdeploy.cli import app
+from specdeploy.modes import ENGINE_MODES, MODES
+
+ENGINE_COMMANDS = {"generate", "serve", "profile"}  # the reference engine: ar, dflash, ddtree only
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """(name, click command) for every leaf command below `command`, walking groups (sub-apps)."""
+    children = getattr(command, "commands", None)
+    if children is None:
+        yield " ".join(path), command
+        return
+    for name, child in children.items():
+        yield from _commands(child, (*path, name))
+
+
+def _all() -> dict[str, Any]:
+    return dict(_commands(typer.main.get_command(app)))
+
+
+def test_the_walk_reaches_the_sub_apps():
+    assert {
+        "plan",
+        "up",
+        "bench",
+        "bench-selftest",
+        "zoo list",
+        "zoo train",
+        "lab hybrid-tree",
+        "image build",
+    } <= set(_all())
+
+
+def test_every_option_and_argument_has_help():
+    missing = [
+        f"{name} {'/'.join(param.opts)}"
+        for name, command in _all().items()
+        for param in command.params
+        if not (getattr(param, "help", None) or "").strip()
+    ]
+    assert missing == []
+
+
+def test_mode_options_list_their_choices():
+    for name, command in _all().items():
+        for param in command.params:
+            if "--mode" not in param.opts:
+                continue
+            modes = ENGINE_MODES if name in ENGINE_COMMANDS else MODES
+            assert all(mode in param.help for mode in modes), (name, param.help)
+            if name in ENGINE_COMMANDS:
+                assert "eagle3" not in param.help, name
