@@ -11,11 +11,11 @@ from specdeploy.bench import commands as bench_commands
 from specdeploy.campaign import commands as campaign_commands
 from specdeploy.demo import command as demo_command
 from specdeploy.deploy import commands as deploy_commands
+from specdeploy.deploy import plan_commands
 from specdeploy.errors import SpecdeployError
 from specdeploy.lab import commands as lab_commands
 from specdeploy.lock import commands as lock_commands
 from specdeploy.perf import commands as perf_commands
-from specdeploy.plan import commands as plan_commands
 from specdeploy.report import commands as report_commands
 from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
@@ -46,7 +46,7 @@ def _root() -> None:
 app.command("generate")(generate_command.generate)
 app.command("profile")(perf_commands.profile)
 app.command("serve")(server_commands.serve)
-app.command("load")(server_commands.load)
+app.command("load")(bench_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")
 app.add_typer(lab_commands.app, name="lab")
 app.command("demo")(demo_command.demo)

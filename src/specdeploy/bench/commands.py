@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +21,7 @@ from specdeploy.bench.display import (
     summary_table,
 )
 from specdeploy.bench.fakeserver import StreamPlan
+from specdeploy.bench.load import run_load
 from specdeploy.bench.other_clients import DEFAULT_CLIENTS_DIR
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
@@ -225,3 +227,28 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def load(
+    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:30000.")],
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
+    requests: Annotated[int, typer.Option(help="Requests in total.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per request (greedy).")] = 64,
+    prompt: Annotated[
+        str, typer.Option(help="Prompt text every request sends.")
+    ] = "Write a short story about a lighthouse keeper.",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Send streaming /generate requests at a fixed concurrency; report requests/s, output tokens/s, errors."""
+    report = asyncio.run(run_load(url, concurrency, requests, max_new_tokens, prompt))
+    if as_json:
+        typer.echo(report.to_json())
+        return
+    accept = "n/a" if report.mean_accept_length is None else f"{report.mean_accept_length:.2f}"
+    typer.echo(
+        f"concurrency {report.concurrency}  requests {report.requests}  errors {report.errors}  "
+        f"{report.requests_per_s:.2f} req/s  {report.output_tokens_per_s:.1f} output tok/s  "
+        f"mean latency {report.mean_latency_s:.2f} s  mean accept length {accept}"
+    )
+    for error in report.first_errors:
+        typer.echo(f"  error: {error}")

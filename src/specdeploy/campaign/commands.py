@@ -17,9 +17,9 @@ from specdeploy.campaign.runner import DeployControl, default_launcher, run_camp
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
+from specdeploy.deploy.plan_options import UPDATE_LOCK_HELP
 from specdeploy.errors import SpecdeployError
 from specdeploy.lock.resolve import current_lock
-from specdeploy.plan.options import UPDATE_LOCK_HELP
 from specdeploy.terminal_tables import add_columns, narrow_table
 
 

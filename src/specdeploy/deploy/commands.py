@@ -23,6 +23,7 @@ from specdeploy.deploy.health import ServerStartError
 from specdeploy.deploy.image_build import build_image
 from specdeploy.deploy.launchers import LAUNCHERS, get_launcher
 from specdeploy.deploy.manifest import DEFAULT_RUNS_ROOT, default_run_dir, find_run_dir, image_id
+from specdeploy.deploy.plan_options import UPDATE_LOCK_HELP, PlanOverrides, plan_with, with_plan_options
 from specdeploy.deploy.render import (
     preflight_table,
     print_deployment,
@@ -33,7 +34,6 @@ from specdeploy.deploy.render import (
 )
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
-from specdeploy.plan.options import UPDATE_LOCK_HELP, PlanOverrides, plan_with, with_plan_options
 from specdeploy.recipes.loader import list_hardware, load_hardware
 
 RunDirArgument = Annotated[

@@ -1,4 +1,7 @@
-"""`specdeploy plan` and `specdeploy recipes`: thin wrappers over make_plan, the renderers and the loader."""
+"""`specdeploy plan` and `specdeploy recipes`: thin wrappers over make_plan, the renderers and the loader.
+
+They live in deploy, not plan, because `--hardware auto` detects this machine's GPUs (deploy's job) and hands
+plan a profile: plan itself stays pure."""
 
 from __future__ import annotations
 
@@ -6,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from specdeploy.plan.options import PlanOverrides, plan_with, with_plan_options
+from specdeploy.deploy.hardware import detect_hardware, profile_for
+from specdeploy.deploy.plan_options import PlanOverrides, plan_with, with_plan_options
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
 from specdeploy.recipes.schema import HardwareProfile
@@ -18,8 +22,6 @@ def resolve_hardware(name_or_path: str) -> HardwareProfile:
     """A profile name or file, or `auto`: the shipped profile matching this machine's GPUs."""
     if name_or_path != AUTO:
         return load_hardware(name_or_path)
-    from specdeploy.deploy.hardware import detect_hardware, profile_for
-
     return profile_for(detect_hardware(), list_hardware())
 
 

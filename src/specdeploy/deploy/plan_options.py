@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from specdeploy.api_key import API_KEY_ENV
+from specdeploy.lock.resolve import current_lock  # resolving reaches the Hub: above make_plan, which is pure
 from specdeploy.modes import MODE_HELP
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.make import DEFAULT_PORT, make_plan
@@ -49,9 +50,6 @@ class PlanOverrides:
 
 def plan_with(recipe: str, hardware: HardwareProfile, overrides: PlanOverrides) -> LaunchPlan:
     """The plan of `recipe` on `hardware` under `overrides`, and the recipe's lock file when it has one."""
-    # Resolving reaches the Hub and the registry, so it lives above make_plan; reading a lock does not.
-    from specdeploy.lock.resolve import current_lock
-
     o = overrides
     return make_plan(
         recipe,

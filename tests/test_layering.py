@@ -1,0 +1,81 @@
+"""Arrows point down only (ARCHITECTURE.md): every `specdeploy.*` import in a package, lazy ones included,
+read from the source with ast, against the rules written there."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import specdeploy
+
+ROOT = Path(specdeploy.__file__).parent
+
+# What each package must never import, from ARCHITECTURE.md's rules: the engine imports nothing above it, plan
+# nothing from deploy (nor the lock resolver, which reaches the network), bench talks HTTP only.
+FORBIDDEN = {
+    "recipes": {"plan", "lock", "deploy", "engine", "server", "bench", "campaign", "report", "zoo"},
+    "plan": {"lock", "deploy", "engine", "server", "bench", "campaign", "report", "zoo", "demo", "lab"},
+    "engine": {
+        "recipes",
+        "plan",
+        "lock",
+        "deploy",
+        "server",
+        "bench",
+        "campaign",
+        "report",
+        "zoo",
+        "demo",
+        "lab",
+        "perf",
+        "generate",
+    },  # fmt: skip
+    "server": {"deploy", "bench", "campaign", "report", "demo", "lab"},
+    "bench": {"engine", "server", "deploy", "campaign", "plan", "demo", "lab", "perf"},
+    "report": {"engine", "server", "deploy", "campaign", "plan", "zoo"},
+    "zoo": {"server", "bench", "deploy", "campaign", "report", "plan", "demo", "lab"},
+    "deploy": {"campaign", "bench", "report", "demo", "server"},
+    "campaign": {"demo", "engine", "server"},
+}
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    """specdeploy subpackage/module names imported anywhere in `package`, each with the files that do it."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = (
+                    [node.module]
+                    if node.module != "specdeploy"
+                    else [f"specdeploy.{a.name}" for a in node.names]
+                )
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "specdeploy" and len(parts) > 1 and parts[1] != package:
+                    found.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_the_rules_name_real_packages() -> None:
+    real = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    real |= {p.stem for p in ROOT.glob("*.py")}
+    assert set(FORBIDDEN) <= real and set().union(*FORBIDDEN.values()) <= real
+
+
+def test_no_package_imports_upward() -> None:
+    upward = {
+        f"{package} -> {target}": sorted(files)
+        for package, forbidden in FORBIDDEN.items()
+        for target, files in imported_packages(package).items()
+        if target in forbidden
+    }
+    assert upward == {}
+
+
+def test_the_checker_sees_lazy_imports() -> None:
+    # a property of the checker itself: the deferred import in bench/compare.py (inside a function) is seen
+    assert "zoo" in imported_packages("bench")
