@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from specdeploy.deploy.hardware import detect_hardware, profile_for
+from specdeploy.deploy import hardware as detection
 from specdeploy.deploy.plan_options import PlanOverrides, plan_with, with_plan_options
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
@@ -22,7 +22,7 @@ def resolve_hardware(name_or_path: str) -> HardwareProfile:
     """A profile name or file, or `auto`: the shipped profile matching this machine's GPUs."""
     if name_or_path != AUTO:
         return load_hardware(name_or_path)
-    return profile_for(detect_hardware(), list_hardware())
+    return detection.profile_for(detection.detect_hardware(), list_hardware())
 
 
 @with_plan_options
