@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from decode_helpers import write_pair
@@ -42,11 +44,67 @@ def test_every_mode_equals_ar_and_transformers_greedy(pairs, family):
     assert ar.token_ids == expected.tolist()
     assert ar.accept_lengths == [1] * ar.num_steps
     for mode, budget in [("dflash", None), ("ddtree", 1), ("ddtree", 5), ("ddtree", 40)]:
-        result = Decoder(target, drafter, mode, budget).generate(prompt, params)
+        with forward_widths(target) as widths:
+            result = Decoder(target, drafter, mode, budget).generate(prompt, params)
         assert result.token_ids == ar.token_ids, (mode, budget)
         assert sum(result.accept_lengths) + 1 == len(result.token_ids)
+        # what the target was really given per verify step (after the prefill): DFlash verifies the root and
+        # block_size - 1 drafts (SGLang: num-draft-tokens = block size), DDTree the root and its B nodes
         limit = drafter.block_size if mode == "dflash" else budget + 1
-        assert all(v == limit for v in result.verified_lengths)
+        assert widths[1:] == result.verified_lengths == [limit] * result.num_steps, (mode, budget)
+    # A random drafter is (almost) never accepted, so the dflash row above can equal ar by committing the
+    # target's own token every step. Here the chain holds known true tokens: the accept lengths are fixed in
+    # advance, and the output must still be ar's.
+    oracle = Decoder(target, drafter, "dflash")
+    oracle.runner = ChainOracleRunner(
+        target, drafter, "dflash", None, truth=ar.token_ids, prompt_len=len(prompt)
+    )
+    chained = oracle.generate(prompt, params)
+    assert chained.token_ids == ar.token_ids
+    expected = [
+        ChainOracleRunner.KEEP[step % len(ChainOracleRunner.KEEP)] + 1 for step in range(chained.num_steps)
+    ]
+    assert chained.accept_lengths[:-1] == expected[: chained.num_steps - 1]  # the last step is cut at 40
+
+
+@contextlib.contextmanager
+def forward_widths(target):
+    """Records how many tokens each forward of the target ran on (prefill first)."""
+    widths, run = [], target.run
+
+    def counted(tokens, *args, **kwargs):
+        widths.append(tokens.shape[1])
+        return run(tokens, *args, **kwargs)
+
+    target.run = counted
+    try:
+        yield widths
+    finally:
+        del target.run
+
+
+class ChainOracleRunner(StepRunner):
+    """DFlash whose drafted chain is replaced by the true greedy continuation, wrong from position k on.
+
+    k cycles through KEEP (7 = the whole chain of block 8 is right), so step i must commit KEEP[i] + 1 tokens.
+    The real drafter and chain builder still run; the oracle chain then takes the built chain's place.
+    """
+
+    KEEP = (7, 0, 3, 7, 5, 1)
+
+    def __init__(self, *args, truth: list[int], prompt_len: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.truth, self.prompt_len_host, self.steps = truth, prompt_len, 0
+
+    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
+        super()._build_tree(active, size, greedy)
+        done = self.running[0].prefix - self.prompt_len_host + 1  # tokens committed so far, the root included
+        keep = self.KEEP[self.steps % len(self.KEEP)]
+        self.steps += 1
+        chain = (self.truth[done : done + size] + [0] * size)[:size]  # past the end: anything
+        if keep < size:
+            chain[keep] = (chain[keep] + 1) % self.target.config.vocab_size
+        self._trees[size].tree.tokens[0, 1:] = torch.tensor(chain)
 
 
 class PathOracleRunner(StepRunner):

@@ -39,9 +39,28 @@ def test_becomes_healthy_after_a_delay(start_fake_server):
     assert waited >= 1.0 and time.monotonic() - began < 15
 
 
+def health_requests(log) -> list[tuple[str, int]]:
+    """(route, status) of every health probe the fake server answered, from its access log lines
+    (`"GET /health HTTP/1.1" 503 -`)."""
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith('"GET /health'):
+            request, status = line.rsplit('"', 1)
+            found.append((request.split()[1], int(status.split()[0])))
+    return found
+
+
 def test_falls_back_to_health_without_health_generate(start_fake_server):
-    process, url, log = start_fake_server("--no-health-generate")
-    wait_for_health(url, lambda: process.poll() is None, lambda n: tail_file(log, n), 30, poll_s=0.1)
+    # No /health_generate (404), and /health answers 503 for its first 0.3 s.
+    process, url, log = start_fake_server("--no-health-generate", "--healthy-after", "0.3")
+    waited = wait_for_health(url, lambda: process.poll() is None, lambda n: tail_file(log, n), 30, poll_s=0.1)
+    probes = health_requests(log)
+    # /health_generate is asked once: its 404 is neither healthy nor a reason to ask it again
+    assert probes[0] == ("/health_generate", 404)
+    assert [route for route, _ in probes[1:]] == ["/health"] * (len(probes) - 1)
+    # the waiter polled /health through its 503s and returned on its first 200, not before
+    assert [status for _, status in probes[1:]] == [503] * (len(probes) - 2) + [200]
+    assert len(probes) >= 2 and waited > 0
 
 
 def test_server_that_dies_shows_its_log(start_fake_server):
