@@ -25,7 +25,7 @@ from specdeploy.deploy.manifest import DeploymentRecord
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 
-GAP = 0.002
+GAP = 0.005  # long enough that a loaded machine's scheduling jitter cannot hide the 2x of 2 tokens per chunk
 SERVERS = ["tp1-ar", "tp1-dflash", "tp1-ddtree-b8", "tp1-ddtree-b16"]
 
 
