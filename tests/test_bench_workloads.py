@@ -151,7 +151,7 @@ def test_download_once_into_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     original.unlink()  # a second use must not download again
     assert load_prompts(WorkloadOptions("gsm8k", cache_dir=cache))[0].turns[0].startswith("q?")
     monkeypatch.setitem(workloads.SOURCES, "gsm8k", workloads.Source((tmp_path / "gone").as_uri(), ()))
-    with pytest.raises(SpecdeployError, match="pass --data-dir"):
+    with pytest.raises(SpecdeployError, match="--data-dir .or a campaign file's data_dir"):
         dataset_file("gsm8k", None, tmp_path / "empty-cache")
 
 

@@ -158,7 +158,7 @@ def _download(url: str, dest: Path) -> None:
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise SpecdeployError(
-            f"could not download {url} ({exc}); fetch it elsewhere and pass --data-dir with its path"
+            f"could not download {url} ({exc}); fetch it elsewhere and point bench's --data-dir (or a campaign file's data_dir) at its folder"
         ) from exc
     partial.replace(dest)
 
