@@ -10,7 +10,7 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.recipes import list_hardware, list_recipes, load_hardware, load_recipe
 
 PAIRS = {"kimi-k2.6", "qwen3.6-27b", "qwen3-8b", "tiny-code", "tiny-mla", "tiny-hybrid"}
-PROFILES = {"rtx-pro-6000-x8", "b200-x8", "b300-x8", "h200-x8", "h200-x1", "h100-x8", "cpu"}
+PROFILES = {"rtx-pro-6000-x8", "b200-x8", "b300-x8", "h200-x8", "h200-x1", "h100-x8", "cpu", "cuda"}
 
 
 def test_every_shipped_pair_and_profile_loads():

@@ -45,6 +45,7 @@ def _root() -> None:
 
 app.command("generate")(generate_command.generate)
 app.command("profile")(perf_commands.profile)
+app.command("random-weights")(perf_commands.random_weights)
 app.command("serve")(server_commands.serve)
 app.command("load")(bench_commands.load)
 app.add_typer(zoo_cli.app, name="zoo")

@@ -26,7 +26,7 @@ from specdeploy.bench.other_clients import DEFAULT_CLIENTS_DIR
 from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
 from specdeploy.errors import SpecdeployError
-from specdeploy.modes import MODES
+from specdeploy.modes import MODES, parse_budget
 
 
 def parse_list(text: str | None, kind: type, option: str) -> list[Any]:
@@ -100,7 +100,7 @@ def bench(
     mode: str = typer.Option(
         "", help=f"Label of the target's mode in the results, not checked (e.g. {', '.join(MODES)})."
     ),
-    budget: int | None = typer.Option(None, help="Label: the target's DDTree budget."),
+    budget: str | None = typer.Option(None, help="Label: the target's DDTree budget (a number or auto)."),
     timeout: float = typer.Option(600.0, help="Seconds before a request counts as timed out."),
     seed: int = typer.Option(0, help="Seed of random prompts and Poisson arrivals."),
     random_input_len: int = typer.Option(512, help="random dataset: prompt tokens."),
@@ -136,7 +136,7 @@ def bench(
         tokenizer=tokenizer,
         model=model,
         mode=mode,
-        budget=budget,
+        budget=parse_budget(budget),
         timeout_s=timeout,
         seed=seed,
         random_input_len=random_input_len,

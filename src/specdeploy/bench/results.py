@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdeploy.api_key import redact
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import Budget
 
 REQUEST_SCHEMA = "specdeploy.request/1"
 SUMMARY_SCHEMA = "specdeploy.summary/1"
@@ -65,7 +66,7 @@ class CellKey(BaseModel):
     role: Role = "target"
     dataset: str
     mode: str = ""
-    budget: int | None = None
+    budget: Budget | None = None
     concurrency: int | None = None
     request_rate: float | None = None
     repeat: int = 0

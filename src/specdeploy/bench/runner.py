@@ -35,6 +35,7 @@ from specdeploy.bench.results import (
 )
 from specdeploy.bench.workloads import Prompt, WorkloadOptions, load_prompts
 from specdeploy.errors import SpecdeployError
+from specdeploy.modes import Budget
 
 Progress = Callable[[str, int, int | None], None]  # (cell id, requests done, requests planned)
 
@@ -62,7 +63,7 @@ class BenchConfig(BaseModel):
     tokenizer: str | None = None
     model: str | None = None
     mode: str = ""
-    budget: int | None = None
+    budget: Budget | None = None
     timeout_s: float = 600.0
     seed: int = 0
     random_input_len: int = 512

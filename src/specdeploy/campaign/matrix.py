@@ -86,6 +86,8 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
                         mode,
                         budget=budget,
                         tp=tp,
+                        context_length=spec.context_length,
+                        max_running_requests=spec.max_running_requests,
                         lock=lock,
                         api_key=spec.api_key,
                         **overrides,

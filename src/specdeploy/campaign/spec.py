@@ -9,6 +9,7 @@ Example (the keys this reads; see examples/ for complete files)::
     modes = ["ar", "dflash", "ddtree"]
     ddtree_budgets = [8, 16, 32]
     tp = [8]                          # tensor-parallel sizes (default: the plan's own choice)
+    max_running_requests = 32         # and context_length: every server's (default: the recipe's)
     concurrency = [1, 4, 16, 32]
     datasets = ["gsm8k", "humaneval", "mt-bench"]
     repeats = 1
@@ -36,7 +37,7 @@ from specdeploy.bench.workloads import DATASETS
 from specdeploy.deploy.deployment import DEFAULT_HEALTH_TIMEOUT_S
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.errors import SpecdeployError
-from specdeploy.modes import Mode
+from specdeploy.modes import Budget, Mode
 
 
 class _Strict(BaseModel):
@@ -69,8 +70,10 @@ class CampaignSpec(_Strict):
     hardware: str
     launcher: LauncherName | None = None
     modes: list[Mode] = Field(min_length=1)
-    ddtree_budgets: list[int] = Field(default_factory=list)
+    ddtree_budgets: list[Budget] = Field(default_factory=list)  # numbers, or auto (reference engine)
     tp: list[int] = Field(default_factory=list)
+    context_length: int | None = Field(None, ge=1)  # every server's (default: the recipe's)
+    max_running_requests: int | None = Field(None, ge=1)  # every server's (default: the recipe's)
     concurrency: list[int] = Field(default_factory=list)
     request_rates: list[float] = Field(default_factory=list)
     datasets: list[str] = Field(min_length=1)
@@ -93,8 +96,8 @@ class CampaignSpec(_Strict):
 
     @field_validator("ddtree_budgets", "tp", "concurrency")
     @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if any(v < 1 for v in values):
+    def _positive(cls, values: list[Any]) -> list[Any]:
+        if any(isinstance(v, int) and v < 1 for v in values):
             raise ValueError(f"values must be >= 1, got {values}")
         return values
 
@@ -124,7 +127,7 @@ class CampaignSpec(_Strict):
         return self
 
     @property
-    def budgets(self) -> list[int | None]:
+    def budgets(self) -> list[Budget | None]:
         """DDTree budgets to run; None lets the plan choose (block size - 1)."""
         return list(self.ddtree_budgets) or [None]
 

@@ -194,7 +194,9 @@ def detect_hardware(run: CommandRunner = run_command) -> DetectedHardware:
 def profile_for(hardware: DetectedHardware, shipped: list[HardwareProfile]) -> HardwareProfile:
     """`--hardware auto`: the shipped profile that describes this machine, else one made from what was found."""
     if not hardware.gpus:
-        return next(profile for profile in shipped if profile.gpu_model is None)
+        return next(
+            profile for profile in shipped if profile.engine == "reference" and profile.device == "cpu"
+        )
     for profile in shipped:
         if (
             profile.gpu_model == hardware.gpu_model

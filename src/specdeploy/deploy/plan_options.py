@@ -16,7 +16,7 @@ import typer
 
 from specdeploy.api_key import API_KEY_ENV
 from specdeploy.lock.resolve import current_lock  # resolving reaches the Hub: above make_plan, which is pure
-from specdeploy.modes import MODE_HELP
+from specdeploy.modes import BUDGET_HELP, MODE_HELP, parse_budget
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.make import DEFAULT_PORT, make_plan
 from specdeploy.recipes.schema import HardwareProfile
@@ -31,7 +31,7 @@ class PlanOverrides:
     """Everything about a plan besides its recipe and hardware that the command line may set."""
 
     mode: Annotated[str, typer.Option(help=MODE_HELP)] = "dflash"
-    budget: Annotated[int | None, typer.Option(help="DDTree tree nodes per step (ddtree only).")] = None
+    budget: Annotated[str | None, typer.Option(help=BUDGET_HELP)] = None
     tp: Annotated[int | None, typer.Option(help="Tensor-parallel size (default: chosen to fit).")] = None
     context_length: Annotated[
         int | None, typer.Option(help="Longest request, in tokens (default: the recipe's).")
@@ -55,7 +55,7 @@ def plan_with(recipe: str, hardware: HardwareProfile, overrides: PlanOverrides) 
         recipe,
         hardware,
         o.mode,
-        budget=o.budget,
+        budget=parse_budget(o.budget),
         tp=o.tp,
         context_length=o.context_length,
         max_running_requests=o.max_running_requests,

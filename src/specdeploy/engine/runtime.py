@@ -86,7 +86,10 @@ def load_engine(
     device: str = "cpu",
     dtype: str = "auto",
     threads: int | None = None,
+    context_length: int | None = None,
 ) -> Engine:
+    """`context_length`: positions (prompt + new tokens) a request may reach, at most the model's own; the
+    batching engine's static caches hold that many per running request."""
     from specdeploy.engine.loading import load_drafter, load_target
 
     check_mode(mode, draft is not None, budget)
@@ -102,6 +105,11 @@ def load_engine(
         draft_path = Path(draft)
         drafter = load_drafter(draft_path, device=torch_device, dtype=torch_dtype)
         drafter.check_compatible(model.config)
+    positions = model.config.max_position_embeddings
+    if context_length is not None and not 1 <= context_length <= positions:
+        raise SpecdeployError(
+            f"--context-length {context_length} is outside 1..{positions} (the model's max_position_embeddings)"
+        )
     return Engine(
         decoder=Decoder(model, drafter, mode, budget),
         tokenizer=load_tokenizer(target_path),
@@ -111,7 +119,7 @@ def load_engine(
         mode=mode,
         budget=budget,
         block_size=drafter.block_size if drafter is not None else None,
-        max_context=model.config.max_position_embeddings,
+        max_context=context_length or positions,
         device=str(torch_device),
         dtype=str(torch_dtype).removeprefix("torch."),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -78,3 +79,24 @@ def profile(
     typer.echo("per step: " + ", ".join(f"{k} {v:.3f} ms" for k, v in result.breakdown_ms.items()))
     for stage, reason in result.eager_stages.items():
         typer.echo(f"stage {stage} ran eagerly: {reason}")
+
+
+def random_weights(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write target/ and draft/ into.")],
+    shape: Annotated[str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b.")] = "qwen3-8b",
+    device: Annotated[str, typer.Option(help="Where the weights are drawn: cpu or cuda (faster).")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Same seed, same weights.")] = 0,
+) -> None:
+    """Write random bf16 weights of a named real shape as a target + DFlash drafter checkpoint pair, so that
+    serve, bench and campaigns measure that shape's speed without downloads (acceptance is meaningless)."""
+    import torch
+
+    from specdeploy.engine.runtime import resolve_device
+    from specdeploy.perf.random_models import write_random_checkpoints
+    from specdeploy.perf.shapes import get_shape
+
+    chosen = get_shape(shape)
+    target_dir, draft_dir = write_random_checkpoints(
+        out_dir, chosen, resolve_device(device), torch.bfloat16, seed
+    )
+    typer.echo(f"target: {target_dir}\ndraft:  {draft_dir}")

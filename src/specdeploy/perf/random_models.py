@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from specdeploy.engine.drafter import DFlashDrafter
-from specdeploy.engine.loading import resolve_family, target_config
+from specdeploy.engine.loading import resolve_family, save_drafter, target_config
 from specdeploy.engine.models.base import TargetModel
+from specdeploy.errors import SpecdeployError
 from specdeploy.perf.shapes import Shape
+from specdeploy.zoo.byte_tokenizer import padded_byte_tokenizer, write_byte_tokenizer
 
 
 def randomize_(module: nn.Module, device: torch.device, seed: int) -> nn.Module:
@@ -55,3 +61,29 @@ def random_pair(
     finally:
         torch.set_default_dtype(default)
     return randomize_(target, device, seed), randomize_(drafter, device, seed + 1)
+
+
+def write_random_checkpoints(
+    out_dir: str | Path, shape: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> tuple[Path, Path]:
+    """OUT_DIR/target (config.json, model.safetensors, a byte-level tokenizer over the whole vocabulary) and
+    OUT_DIR/draft (z-lab format): `random_pair`'s weights as checkpoints that `serve` and campaigns load."""
+    out_dir = Path(out_dir)
+    target_dir, draft_dir = out_dir / "target", out_dir / "draft"
+    for path in (target_dir, draft_dir):
+        if path.exists() and any(path.iterdir()):
+            raise SpecdeployError(f"{path} already exists and is not empty: choose another output directory")
+        path.mkdir(parents=True, exist_ok=True)
+    target, drafter = random_pair(shape, device, dtype, seed)
+    config = {**shape.target, "dtype": str(dtype).removeprefix("torch.")}
+    (target_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # state_dict names the tensors as checkpoints do (merged projections split into their parts).
+    tensors = {name: t.detach().contiguous().cpu() for name, t in target.state_dict().items()}
+    save_file(tensors, str(target_dir / "model.safetensors"), metadata={"format": "pt"})
+    eos = shape.target["eos_token_id"]
+    tokenizer = padded_byte_tokenizer(
+        shape.target["vocab_size"], eos, shape.drafter["dflash_config"]["mask_token_id"]
+    )
+    write_byte_tokenizer(target_dir, tokenizer)
+    save_drafter(drafter, draft_dir)
+    return target_dir, draft_dir

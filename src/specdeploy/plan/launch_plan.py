@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdeploy.modes import Mode
+from specdeploy.modes import Budget, Mode
 
 # 2: engine.install (steps run at every container start) became engine.build (an image built once),
 # memory.tree_buffers_per_gpu and api_key_env were added.
@@ -106,7 +106,7 @@ class LaunchPlan(_Frozen):
     recipe: str
     hardware: str
     mode: Mode
-    budget: int | None = None  # DDTree node budget; None for other modes
+    budget: Budget | None = None  # DDTree node budget or auto; None for other modes
     tp: int
     engine: EngineSpec
     argv: list[str]  # starts with `python -m sglang.launch_server` or `specdeploy serve`

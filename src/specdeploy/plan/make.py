@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from specdeploy.api_key import API_KEY_ENV
 from specdeploy.errors import SpecdeployError
-from specdeploy.modes import check_mode
+from specdeploy.modes import AUTO_BUDGET, Budget, check_mode
 from specdeploy.plan import sglang_args
 from specdeploy.plan.backends import choose_attention
 from specdeploy.plan.ddtree import ddtree_facts
@@ -21,7 +21,7 @@ from specdeploy.plan.launch_plan import (
     Reason,
 )
 from specdeploy.plan.locking import locked_recipe
-from specdeploy.plan.memory import Workload, budget_memory, gib
+from specdeploy.plan.memory import REFERENCE_DTYPE_FACTOR, Workload, budget_memory, gib
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
@@ -36,7 +36,7 @@ def make_plan(
     recipe: Recipe | str,
     hardware: HardwareProfile | str,
     mode: str,
-    budget: int | None = None,
+    budget: Budget | None = None,
     tp: int | None = None,
     context_length: int | None = None,
     max_running_requests: int | None = None,
@@ -68,12 +68,13 @@ def make_plan(
     block = recipe.dflash.block_size
     if mode == "ddtree" and budget is None:
         budget = block - 1
-    full_tree = mode == "ddtree" and budget is not None and ddtree_facts().is_full_tree(budget, block)
+    fixed = budget if isinstance(budget, int) else None  # "auto": the reference engine picks per step
+    full_tree = fixed is not None and mode == "ddtree" and ddtree_facts().is_full_tree(fixed, block)
     reference = recipe.engine == "reference"
     total_gpus = max(1, hardware.gpu_count) * nnodes
     # Only the SGLang build allocates triton's tree-verify graph buffers (every rank holds them whole).
     tree_buffers = (
-        ddtree_facts().tree_buffer_bytes(budget, running, context) if full_tree and not reference else 0
+        ddtree_facts().tree_buffer_bytes(fixed, running, context) if full_tree and not reference else 0
     )
 
     def workload(tp_size: int) -> Workload:
@@ -84,14 +85,15 @@ def make_plan(
             cuda_graph_max_bs=None if reference else running,
             speculative=mode != "ar",
             tree_buffers=tree_buffers,
+            dtype_factor=REFERENCE_DTYPE_FACTOR if reference and hardware.device == "cpu" else 1,
         )
 
     tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
-    warnings = _warnings(recipe, hardware, mode, budget, full_tree, drafter, tp_size, total_gpus, nnodes)
+    warnings = _warnings(recipe, hardware, mode, fixed, full_tree, drafter, tp_size, total_gpus, nnodes)
     warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
     if reference:
-        argv = _reference_argv(recipe, mode, budget, drafter, port, running)
+        argv = _reference_argv(recipe, hardware, mode, budget, drafter, port, running, context)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
         attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
@@ -131,9 +133,14 @@ def make_plan(
 
 
 def _check_request(
-    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: int | None, nnodes: int
+    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: Budget | None, nnodes: int
 ) -> None:
     check_mode(mode, budget)
+    if budget == AUTO_BUDGET and recipe.engine != "reference":
+        raise SpecdeployError(
+            "--budget auto is the reference engine's (a budget chosen every step); SGLang's DDTree build "
+            "takes one fixed budget: give a number (a campaign can sweep several)"
+        )
     if recipe.engine != hardware.engine:
         if recipe.engine == "reference":
             raise SpecdeployError(
@@ -199,7 +206,8 @@ def _choose_tp(
         if tp not in (None, 1):
             raise SpecdeployError("the reference engine runs on one device: drop --tp (or use --tp 1)")
         memory = budget_memory(recipe.target, drafter, hardware, workload(1), recipe.name)
-        return 1, memory, Reason(choice="one process", why="the reference engine serves from one CPU process")
+        where = "one CPU process" if hardware.device == "cpu" else "one process on one GPU"
+        return 1, memory, Reason(choice="one process", why=f"the reference engine serves from {where}")
     if tp is not None:
         if not 1 <= tp <= total_gpus:
             raise SpecdeployError(f"--tp {tp} is outside 1..{total_gpus} (the GPUs of {hardware.name})")
@@ -332,10 +340,21 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
 
 
 def _reference_argv(
-    recipe: Recipe, mode: str, budget: int | None, drafter: ModelFacts | None, port: int, running: int
+    recipe: Recipe,
+    hardware: HardwareProfile,
+    mode: str,
+    budget: Budget | None,
+    drafter: ModelFacts | None,
+    port: int,
+    running: int,
+    context: int,
 ) -> list[str]:
-    """`specdeploy serve` batches up to `running` requests; it has no context flag (the model's own)."""
+    """`specdeploy serve` batches up to `running` requests of up to `context` positions each."""
     argv = [*REFERENCE_LAUNCH, "--target", recipe.target.path, "--mode", mode]
+    if hardware.device != "cpu":
+        argv += ["--device", hardware.device]
+    if context != recipe.target.context_length:  # serve's default is the model's own
+        argv += ["--context-length", str(context)]
     argv += ["--max-running-requests", str(running)]
     if drafter is not None:
         argv += ["--draft", drafter.path]
@@ -345,12 +364,13 @@ def _reference_argv(
 
 
 def _summary(
-    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: int | None, tp: int, nnodes: int
+    recipe: Recipe, hardware: HardwareProfile, mode: str, budget: Budget | None, tp: int, nnodes: int
 ) -> str:
+    nodes = "a budget chosen every step (auto)" if budget == AUTO_BUDGET else f"{budget} nodes"
     how = {
         "ar": "plain autoregressive decoding (the baseline)",
         "dflash": f"DFlash block drafting ({recipe.dflash.block_size} tokens per block, {recipe.dflash.path})",
-        "ddtree": f"DDTree draft trees of {budget} nodes from one DFlash pass ({recipe.dflash.path})",
+        "ddtree": f"DDTree draft trees of {nodes} from one DFlash pass ({recipe.dflash.path})",
         "eagle3": f"EAGLE3 drafting ({recipe.eagle3.path})" if recipe.eagle3 else "EAGLE3",
     }[mode]
     where = f"{hardware.description}" + (f", {nnodes} nodes" if nnodes > 1 else "")

@@ -40,6 +40,7 @@ class Workload:
     cuda_graph_max_bs: int | None  # None: no CUDA graphs (reference engine)
     speculative: bool
     tree_buffers: int = 0  # triton's tree-verify graph buffers per GPU (full-tree DDTree)
+    dtype_factor: int = 1  # bytes held per checkpoint byte: REFERENCE_DTYPE_FACTOR for fp32 on a CPU
 
 
 def weights_per_gpu(model: ModelFacts, tp: int) -> int:
@@ -72,7 +73,7 @@ def budget_memory(
 ) -> MemoryTable:
     """The table, or a SpecdeployError that shows the arithmetic when the model does not fit."""
     reference = work.cuda_graph_max_bs is None
-    factor = REFERENCE_DTYPE_FACTOR if reference else 1
+    factor = work.dtype_factor
     gpu = hardware.memory_bytes
     graphs, activations = _reserves(target, work)
     if reference:

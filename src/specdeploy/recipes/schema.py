@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 EngineName = Literal["sglang", "reference"]
 AttentionKind = Literal["mla", "gqa", "hybrid"]
 Interconnect = Literal["nvlink", "pcie", "none"]
+ReferenceDevice = Literal["cpu", "cuda"]
 MIB = 1 << 20
 
 
@@ -98,15 +99,21 @@ class HardwareProfile(_Data):
     memory_mib: int = Field(gt=0)  # per GPU as nvidia-smi reports it; host memory budget for CPU
     compute_capability: str | None = None  # "12.0", "10.0", "9.0"; None for CPU
     interconnect: Interconnect
+    # Where the reference engine runs: "cuda" is any one CUDA GPU (its model is not checked).
+    device: ReferenceDevice = "cpu"
     unverified: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _gpu_fields_agree(self) -> HardwareProfile:
-        has_gpu = self.gpu_model is not None
-        if has_gpu != (self.compute_capability is not None) or has_gpu != (self.gpu_count > 0):
-            raise ValueError("gpu_model, gpu_count > 0 and compute_capability go together (all or none)")
-        if has_gpu != (self.engine == "sglang"):
-            raise ValueError("GPU profiles run engine sglang; the CPU profile runs engine reference")
+        has_model = self.gpu_model is not None
+        if has_model != (self.compute_capability is not None):
+            raise ValueError("gpu_model and compute_capability go together (both or none)")
+        if has_model != (self.engine == "sglang"):
+            raise ValueError("SGLang profiles name their GPU model; reference-engine profiles name none")
+        if self.engine == "sglang" and (self.gpu_count < 1 or self.device != "cpu"):
+            raise ValueError("SGLang profiles have gpu_count >= 1 and no device (the reference engine's key)")
+        if self.engine == "reference" and self.gpu_count != (self.device == "cuda"):
+            raise ValueError("a reference-engine profile has gpu_count 1 with device cuda, 0 with device cpu")
         return self
 
     @property

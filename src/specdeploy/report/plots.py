@@ -153,7 +153,8 @@ def _weighted_tau(rows: list[ReportRow]) -> float | None:
 
 def tau_budget_plot(rows: list[ReportRow], palette: Palette) -> str | None:
     """Mean acceptance length (all loads pooled) against the DDTree budget; DFlash's chain as a dotted level."""
-    trees = [r for r in rows if r.mode == "ddtree" and r.budget is not None and r.tau_mean is not None]
+    # An adaptive (auto) budget has no place on this axis; the tables show it.
+    trees = [r for r in rows if r.mode == "ddtree" and isinstance(r.budget, int) and r.tau_mean is not None]
     if not trees:
         return None
     datasets = _by_dataset(trees)

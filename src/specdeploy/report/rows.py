@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from specdeploy.bench.metrics import cell_metrics
 from specdeploy.bench.results import CellKey, CellSummary, Interval
+from specdeploy.modes import Budget, budget_order
 from specdeploy.report.runs import LoadedRun, Series
 
 REPORT_SCHEMA = "specdeploy.report/1"
@@ -24,7 +25,7 @@ class ReportRow(BaseModel):
     series: str
     dataset: str
     mode: str  # "baseline" for the AR baseline cells of a `bench --baseline-url` run
-    budget: int | None
+    budget: Budget | None
     concurrency: int | None
     request_rate: float | None
     repeats: int
@@ -106,7 +107,7 @@ def sort_key(row: ReportRow) -> tuple[Any, ...]:
         row.dataset,
         row.request_rate is not None,
         MODE_ORDER.get(row.mode, 9),
-        row.budget or 0,
+        budget_order(row.budget),
         row.concurrency or 0,
         row.request_rate or 0.0,
     )

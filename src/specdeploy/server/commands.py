@@ -27,6 +27,13 @@ def serve(
         ),
     ] = None,
     max_budget: Annotated[int, typer.Option(help="Largest budget `--budget auto` may choose.")] = 64,
+    context_length: Annotated[
+        int | None,
+        typer.Option(
+            help="Longest request (prompt + new tokens); the static caches hold this many positions per "
+            "running request (default: the model's max_position_embeddings)."
+        ),
+    ] = None,
     max_running_requests: Annotated[
         int, typer.Option(help="Requests decoded together in one batch; the rest wait in the queue.")
     ] = 8,
@@ -87,7 +94,14 @@ def serve(
     check_port_free(host, port)
     target_path, draft_path = resolve_models(target, draft, mode, tree_budget)
     engine = load_engine(
-        target_path, draft_path, mode, tree_budget, device=device, dtype=dtype, threads=threads
+        target_path,
+        draft_path,
+        mode,
+        tree_budget,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        context_length=context_length,
     )
     policy = None
     if adaptive:

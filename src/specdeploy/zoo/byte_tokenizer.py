@@ -13,6 +13,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from specdeploy.errors import SpecdeployError
+
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"
 EOS_TOKEN_ID = 256
@@ -36,9 +38,27 @@ def byte_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def write_byte_tokenizer(directory: Path) -> None:
+def padded_byte_tokenizer(vocab_size: int, eos_id: int, mask_id: int) -> Tokenizer:
+    """The byte-level tokenizer over a larger model's vocabulary: bytes keep ids 0-255, `<|endoftext|>` and
+    `<|mask|>` sit at the model's ids, and every other id decodes to its own placeholder `<|ID|>`, so any
+    token a random model of a real shape emits has text (encoding never produces a placeholder)."""
+    specials = {eos_id: EOS_TOKEN, mask_id: MASK_TOKEN}
+    if len(specials) < 2 or min(specials) < 256 or max(specials) >= vocab_size:
+        raise SpecdeployError(
+            f"EOS ({eos_id}) and mask ({mask_id}) ids must differ and lie in 256..{vocab_size - 1}"
+        )
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    vocab.update({specials.get(i, f"<|{i}|>"): i for i in range(256, vocab_size)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([EOS_TOKEN, MASK_TOKEN])
+    return tokenizer
+
+
+def write_byte_tokenizer(directory: Path, tokenizer: Tokenizer | None = None) -> None:
     """Write tokenizer.json and tokenizer_config.json (with the chat template) into `directory`."""
-    byte_tokenizer().save(str(directory / "tokenizer.json"))
+    (tokenizer or byte_tokenizer()).save(str(directory / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": EOS_TOKEN,

@@ -56,11 +56,17 @@ def _models(plan: LaunchPlan) -> list[str]:
 
 def _memory(plan: LaunchPlan) -> list[str]:
     m = plan.memory
-    gpu = plan.gpus.gpu_model is not None
-    per = "per GPU" if gpu else "host memory"
-    runtime = "CUDA context, NCCL, one prefill chunk" if gpu else "Python process and activations"
+    sglang = plan.gpus.gpu_model is not None
+    on_gpu = plan.gpus.count > 0  # the reference engine on CUDA names no GPU model
+    per = "per GPU" if on_gpu else "host memory"
+    if sglang:
+        runtime, weights = "CUDA context, NCCL, one prefill chunk", f"TP{plan.tp} shard"
+    elif on_gpu:
+        runtime, weights = "CUDA context and activations", "bf16 on the GPU"
+    else:
+        runtime, weights = "Python process and activations", "fp32 on CPU"
     rows = [
-        ("target weights", m.weights_per_gpu, f"TP{plan.tp} shard" if gpu else "fp32 on CPU"),
+        ("target weights", m.weights_per_gpu, weights),
         ("drafter weights", m.drafter_per_gpu, ""),
         ("recurrent state", m.recurrent_state_per_gpu, "Gated DeltaNet state of all running requests"),
         ("CUDA graphs", m.cuda_graph_reserve, "reserve outside the static pool (estimate)"),
