@@ -39,7 +39,8 @@ def main() -> None:
     args = parser.parse_args()
     pair = get_pair(args.pair)
     tokenizer = load_tokenizer(pair.target_dir)
-    texts, _ = held_out_prompts(tokenizer.encode, args.prompts)
+    trained = {f["sha256"] for f in pair.corpus()["files"] if f["split"] == "train"}
+    texts, _ = held_out_prompts(tokenizer.encode, args.prompts, trained)
     prompts = [tokenizer.encode(text) for text in texts]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     target = load_target(pair.target_dir, args.device, dtype)
