@@ -128,3 +128,48 @@ def test_campaign_with_the_reference_launcher_survives_a_killed_server(tmp_path:
         ("ddtree b4", 2),
     ]
     assert all(r.speedup is not None for r in rows if r.mode == "ddtree")
+
+
+def test_a_campaign_stopped_by_sigterm_stops_its_server(tmp_path: Path) -> None:
+    """`timeout`, `kill` and batch schedulers send SIGTERM; the server (its own process group) must not
+    outlive the campaign and hold the port against the next one."""
+    import subprocess
+    import sys
+    import time
+
+    from specdeploy.deploy.deployment import deployment_status, load_deployment
+    from specdeploy.zoo.random_pair import write_random_pair
+
+    target, draft = write_random_pair(tmp_path / "pair", block_size=8)
+    (tmp_path / "random-pair.toml").write_text(RECIPE.format(target=target, draft=draft))
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(400))
+    )
+    port = free_port()
+    campaign_file = tmp_path / "campaign.toml"
+    campaign_file.write_text(CAMPAIGN.format(port=port).replace("max_new_tokens = 8", "max_new_tokens = 256"))
+    out = tmp_path / "campaign"
+    command = [sys.executable, "-m", "specdeploy.cli", "campaign", str(campaign_file), "--out", str(out)]
+    campaign = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server_dir = out / "servers/tp1-ar/start-1"
+    try:
+        deadline = time.monotonic() + 120
+        while not (
+            (server_dir / "deployment.json").is_file()
+            and deployment_status(load_deployment(server_dir))["healthy"]
+        ):
+            assert campaign.poll() is None and time.monotonic() < deadline, (
+                "the AR server never became healthy"
+            )
+            time.sleep(0.5)
+        campaign.send_signal(signal.SIGTERM)
+        output, _ = campaign.communicate(timeout=120)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+            campaign.communicate()
+    assert campaign.returncode != 0, output
+    status = deployment_status(load_deployment(server_dir))
+    assert not status["alive"], (status, output)
+    with socket.socket() as probe:  # the port is free for the next campaign
+        probe.bind(("127.0.0.1", port))

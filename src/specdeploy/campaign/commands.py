@@ -19,6 +19,7 @@ from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
 from specdeploy.deploy.plan_options import UPDATE_LOCK_HELP
 from specdeploy.errors import SpecdeployError
+from specdeploy.interrupts import sigterm_as_interrupt
 from specdeploy.lock.resolve import current_lock
 from specdeploy.terminal_tables import add_columns, narrow_table
 
@@ -104,7 +105,8 @@ def campaign(
         out / "servers",
         Console(stderr=True),
     )
-    with cell_progress(console) as progress:
+    # A campaign stopped by SIGTERM stops its server too (the server runs in its own process group).
+    with sigterm_as_interrupt(), cell_progress(console) as progress:
         state = run_campaign(
             spec,
             out,

@@ -13,13 +13,11 @@ Every server started is stopped again, also on Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import json
-import signal
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 
@@ -34,6 +32,7 @@ from specdeploy.deploy.deployment import (
     deployment_facts,
 )
 from specdeploy.errors import SpecdeployError
+from specdeploy.interrupts import sigterm_as_interrupt
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.make import make_plan
 from specdeploy.report.commands import write_report
@@ -101,20 +100,6 @@ def free_ports(count: int) -> list[int]:
         for probe in probes:
             probe.bind(("127.0.0.1", 0))
         return [probe.getsockname()[1] for probe in probes]
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the `finally` that stops the servers runs either way."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console) -> DemoRun:
