@@ -20,6 +20,8 @@ from specdeploy.plan.make import make_plan
 from specdeploy.recipes.loader import load_recipe
 from specdeploy.recipes.schema import HardwareProfile
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
 
 def test_cuda_profile_serves_bf16_on_the_gpu_and_cpu_profile_fp32():
     cuda = make_plan("tiny-code", "cuda", "ddtree", budget=16)
@@ -112,3 +114,16 @@ def test_random_checkpoint_tokenizer_covers_the_whole_vocabulary(tmp_path: Path)
     assert ids == list(text.encode())  # bytes keep their ids: nothing encodes to a placeholder
     assert tokenizer.decode(ids) == text
     assert tokenizer.decode([300, 65]) == "<|300|>A"
+
+
+def test_reference_plans_count_the_static_caches_the_engine_allocates():
+    recipe = load_recipe("tiny-code")
+    per_token = recipe.target.kv_bytes_per_token + recipe.dflash.kv_bytes_per_token  # bf16 on the GPU
+    plan = make_plan("tiny-code", "cuda", "dflash", max_running_requests=64, context_length=1024)
+    # BatchEngine reserves every row's whole context at start-up: rows x positions, not what would fit
+    assert plan.memory.kv_tokens_fit == 64 * 1024
+    assert plan.memory.kv_budget_per_gpu == 64 * 1024 * per_token
+    assert plan.memory.full_length_requests == 64
+    with pytest.raises(SpecdeployError, match="static caches hold 512 requests x 4096 positions"):
+        make_plan(str(EXAMPLES / "recipes/qwen3-8b-random.toml"), "cuda", "dflash", max_running_requests=512,
+                  context_length=4096)  # fmt: skip

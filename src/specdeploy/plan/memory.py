@@ -104,6 +104,16 @@ def budget_memory(
                 recipe_name, hardware, work, usable, fraction, weights, draft_weights, recurrent, tokens
             )
         )
+    if reference:  # static caches: every running request gets the whole context, allocated at start-up
+        reserved = work.max_running_requests * work.context_length
+        if reserved > tokens:
+            raise SpecdeployError(
+                f"{recipe_name} on {hardware.name}: the reference engine's static caches hold "
+                f"{work.max_running_requests} requests x {work.context_length} positions = "
+                f"{gib(reserved * per_token)}, more than the {gib(kv_budget)} left beside the weights: lower "
+                "--max-running-requests or --context-length"
+            )
+        tokens, kv_budget = reserved, reserved * per_token
     return MemoryTable(
         gpu_memory=gpu,
         weights_per_gpu=weights,
