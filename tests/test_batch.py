@@ -52,7 +52,11 @@ LENGTHS = [24, 9, 31, 17, 5, 20]
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_outputs_under_batching_equal_single_requests(pairs, family):
-    target, drafter = pairs[family]
+    assert_batched_greedy_equals_single(*pairs[family])
+
+
+def assert_batched_greedy_equals_single(target, drafter) -> None:
+    """Every mode: requests arriving over time, more than can run at once, leaving at different lengths."""
     for mode, budget in MODES:
         params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
         single = [
@@ -61,7 +65,6 @@ def test_greedy_outputs_under_batching_equal_single_requests(pairs, family):
         ]
         engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=3,
                              max_context=128, prefill_tokens=4)  # fmt: skip
-        # requests arrive over time, more than can run at once, and leave at different lengths
         schedule = [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))]
         got = run(engine, schedule)
         assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single, (mode, budget)

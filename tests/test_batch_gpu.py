@@ -7,10 +7,8 @@ import pytest
 import torch
 from decode_helpers import write_pair
 from hybrid_helpers import write_drafter, write_target
-from test_batch import LENGTHS, MODES, PROMPTS, run
+from test_batch import assert_batched_greedy_equals_single
 
-from specdeploy.engine.batch import BatchEngine
-from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
 
 pytestmark = [
@@ -35,15 +33,4 @@ def pairs(tmp_path_factory):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_outputs_under_batching_on_cuda_equal_single_requests(pairs, family):
-    target, drafter = pairs[family]
-    for mode, budget in MODES:
-        params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
-        single = [
-            Decoder(target, drafter if mode != "ar" else None, mode, budget).generate(p, q).token_ids
-            for p, q in zip(PROMPTS, params, strict=True)
-        ]
-        engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=3,
-                             max_context=128, prefill_tokens=4)  # fmt: skip
-        schedule = [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))]
-        got = run(engine, schedule)
-        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single, (mode, budget)
+    assert_batched_greedy_equals_single(*pairs[family])
