@@ -189,3 +189,32 @@ def test_the_policy_maximises_its_estimate_and_tries_every_budget():
     assert tried == {1, 4, 16, 64}
     best = max(policy.budgets, key=lambda b: 4 * (1 + b**0.5) / (verify(4 * (b + 1)) + 0.3))
     assert max(policy.budgets, key=lambda b: policy.throughput(4, b)) == best
+
+
+def test_measured_step_times_correct_a_wrong_startup_curve():
+    """On a GPU the start-up curve times eager forwards (launch-bound, flat in the tokens) while steps run as
+    graphs; the policy must follow the steps' measured times, and a first step that compiles must not sway it."""
+    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+
+    def true_seconds(running: int, budget: int) -> float:
+        return 2e-4 + 1e-6 * running * (budget + 1)
+
+    accept = {4: 2.5, 16: 3.5, 64: 4.1}
+    running = 32
+    best = max(accept, key=lambda b: accept[b] / true_seconds(running, b))
+
+    def settle(measured: bool) -> BudgetPolicy:
+        flat = CostCurve({1: 6e-3, 4096: 6e-3})
+        policy = BudgetPolicy(list(accept), flat, CostCurve({1: 1e-3, 64: 1e-3}), explore_every=7)
+        seen = set()
+        for _ in range(300):
+            budget = policy.choose(running)
+            seconds = true_seconds(running, budget) if budget in seen else 1.0  # the first step compiles
+            seen.add(budget)
+            policy.observe(budget, [accept[budget]] * running, seconds if measured else None)
+        return policy
+
+    unmeasured, measured = settle(False), settle(True)
+    assert max(unmeasured.budgets, key=lambda b: unmeasured.throughput(running, b)) != best  # the trap
+    assert max(measured.budgets, key=lambda b: measured.throughput(running, b)) == best == 4
+    assert measured.describe()["measured_over_predicted_by_budget"][4] < 0.1

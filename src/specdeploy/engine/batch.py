@@ -15,6 +15,7 @@ number of running requests.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -159,16 +160,18 @@ class BatchEngine:
 
     def _step(self, budget: int | None) -> list[Event]:
         events = []
+        started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
         if self.per_request:
             results = [request.runner.step(budget)[0] for request in self.running]
         else:
             results = self.shared.step(budget)
+        seconds = time.perf_counter() - started
         for request, (tokens, verified) in zip(self.running, results, strict=True):
             if budget is not None:
                 request.budgets.append(budget)
             events.append(self._event(request, tokens, verified))
         if self.policy is not None:
-            self.policy.observe(budget, [len(tokens) for tokens, _ in results])
+            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds)
         return events
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:

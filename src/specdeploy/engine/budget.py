@@ -6,9 +6,13 @@ competes for the same FLOPs. The policy keeps two curves:
 
 - cost: seconds of one target forward over n tokens, and of one drafter pass over r rows, measured at
   start-up (powers of two, interpolated linearly in between);
-- acceptance: the mean tokens a request commits per step at each budget, observed on the steps run so far.
+- acceptance: the mean tokens a request commits per step at each budget, observed on the steps run so far;
 
-and picks, for r running requests, the budget b that maximises r * accept(b) / (draft(r) + verify(r (b+1))).
+and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b), where cost(r, b) is
+draft(r) + verify(r (b+1)) times the median ratio of measured to predicted time over the budget's recent steps.
+The start-up curves time plain eager forwards; real steps may run as CUDA graphs (on a GPU, many times faster
+for a small model, where eager time is launch overhead and flat in the tokens), so the measured steps correct
+them budget by budget; a budget not yet measured takes the median ratio of those that were.
 Budgets never tried count as optimistic (their larger neighbour's acceptance, or twice the best seen) until
 they have been tried a few times, and every `explore_every`-th choice tries the runner-up, so the observed
 curve keeps up with the traffic.
@@ -17,13 +21,17 @@ curve keeps up with the traffic.
 from __future__ import annotations
 
 import bisect
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
 
 MIN_SAMPLES = 3  # steps at a budget before its observed acceptance is trusted
 EWMA = 0.05  # weight of each new step in a budget's running acceptance
+COST_WINDOW = 16  # recent steps per budget whose measured/predicted time ratios are kept (median: robust to
+# the few steps that include compiling or capturing a new CUDA graph)
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -80,6 +88,7 @@ class BudgetPolicy:
         self.samples = dict.fromkeys(self.budgets, 0)
         self.choices = 0
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
+        self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}  # measured / predicted
 
     def estimate(self, budget: int) -> float:
         """Expected tokens per request per step at `budget` (optimistic while it is little tried)."""
@@ -92,8 +101,19 @@ class BudgetPolicy:
             return min(larger)  # a smaller tree is a subset of a larger one: it accepts no more
         return 2 * max(smaller) if smaller else float(budget + 1)
 
+    def predicted(self, running: int, budget: int) -> float:
+        """Seconds of one step by the start-up curves."""
+        return self.draft(running) + self.verify(running * (budget + 1))
+
+    def cost_ratio(self, budget: int) -> float:
+        """Measured over predicted step time at `budget` (the other budgets' while it is little measured)."""
+        if len(self.cost_ratios[budget]) >= MIN_SAMPLES:
+            return statistics.median(self.cost_ratios[budget])
+        measured = [statistics.median(r) for r in self.cost_ratios.values() if len(r) >= MIN_SAMPLES]
+        return statistics.median(measured) if measured else 1.0
+
     def throughput(self, running: int, budget: int) -> float:
-        seconds = self.draft(running) + self.verify(running * (budget + 1))
+        seconds = self.predicted(running, budget) * self.cost_ratio(budget)
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def choose(self, running: int) -> int:
@@ -104,8 +124,13 @@ class BudgetPolicy:
         self.last_choice[running] = choice
         return choice
 
-    def observe(self, budget: int, accept_lengths: list[int]) -> None:
-        """Fold in one step at `budget`: the tokens each running request committed."""
+    def observe(self, budget: int, accept_lengths: list[int], seconds: float | None = None) -> None:
+        """Fold in one step at `budget`: the tokens each running request committed, and the step's measured
+        time (`seconds`, when known)."""
+        if seconds is not None:
+            predicted = self.predicted(len(accept_lengths), budget)
+            if predicted > 0:
+                self.cost_ratios[budget].append(seconds / predicted)
         mean = sum(accept_lengths) / len(accept_lengths)
         count = self.samples[budget]
         self.accept[budget] = mean if count == 0 else (1 - EWMA) * self.accept[budget] + EWMA * mean
@@ -119,6 +144,9 @@ class BudgetPolicy:
             "draft_ms_by_rows": {n: round(1e3 * s, 3) for n, s in self.draft.as_dict().items()},
             "accept_length_by_budget": {b: round(self.accept[b], 3) for b in self.budgets if self.samples[b]},
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
+            "measured_over_predicted_by_budget": {
+                b: round(statistics.median(r), 4) for b, r in self.cost_ratios.items() if r
+            },
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }
 
