@@ -145,11 +145,12 @@ def _check_request(
         if recipe.engine == "reference":
             raise SpecdeployError(
                 f"{recipe.name} is a zoo pair served by the reference engine, and {hardware.name} is an SGLang "
-                "GPU profile: use --hardware cpu (or a GPU recipe such as qwen3-8b on this profile)"
+                "GPU profile: use --hardware cpu or cuda (or a GPU recipe such as qwen3-8b on this profile)"
             )
         raise SpecdeployError(
-            f"{recipe.name} runs on SGLang GPUs, and {hardware.name} is the reference engine's CPU profile: "
-            "pick a GPU profile (`specdeploy recipes` lists them), or a zoo pair such as tiny-code for CPU"
+            f"{recipe.name} runs on SGLang GPUs, and {hardware.name} is a reference-engine profile: pick an "
+            "SGLang GPU profile (`specdeploy recipes` lists them), or a zoo pair such as tiny-code for the "
+            "reference engine"
         )
     if nnodes < 1:
         raise SpecdeployError(f"--nnodes must be at least 1, got {nnodes}")
