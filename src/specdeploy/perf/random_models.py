@@ -12,9 +12,9 @@ from torch import nn
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.engine.loading import resolve_family, save_drafter, target_config
 from specdeploy.engine.models.base import TargetModel
-from specdeploy.errors import SpecdeployError
 from specdeploy.perf.shapes import Shape
 from specdeploy.zoo.byte_tokenizer import padded_byte_tokenizer, write_byte_tokenizer
+from specdeploy.zoo.random_pair import empty_directory
 
 
 def randomize_(module: nn.Module, device: torch.device, seed: int) -> nn.Module:
@@ -69,11 +69,7 @@ def write_random_checkpoints(
     """OUT_DIR/target (config.json, model.safetensors, a byte-level tokenizer over the whole vocabulary) and
     OUT_DIR/draft (z-lab format): `random_pair`'s weights as checkpoints that `serve` and campaigns load."""
     out_dir = Path(out_dir)
-    target_dir, draft_dir = out_dir / "target", out_dir / "draft"
-    for path in (target_dir, draft_dir):
-        if path.exists() and any(path.iterdir()):
-            raise SpecdeployError(f"{path} already exists and is not empty: choose another output directory")
-        path.mkdir(parents=True, exist_ok=True)
+    target_dir, draft_dir = empty_directory(out_dir / "target"), empty_directory(out_dir / "draft")
     target, drafter = random_pair(shape, device, dtype, seed)
     config = {**shape.target, "dtype": str(dtype).removeprefix("torch.")}
     (target_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

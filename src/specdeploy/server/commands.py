@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.api_key import API_KEY_ENV
-from specdeploy.modes import ENGINE_MODE_HELP
+from specdeploy.modes import AUTO_BUDGET, ENGINE_MODE_HELP, parse_budget
 from specdeploy.server.guard import DEFAULT_MAX_BODY_BYTES
 
 
@@ -74,15 +74,13 @@ def serve(
         raise SpecdeployError(f"--max-queued-requests must be at least 1, got {max_queued_requests}")
     if max_running_requests < 1:
         raise SpecdeployError(f"--max-running-requests must be at least 1, got {max_running_requests}")
-    adaptive = budget == "auto"
+    parsed = parse_budget(budget)
+    adaptive = parsed == AUTO_BUDGET
     if adaptive and mode != "ddtree":
         raise SpecdeployError("--budget auto picks DDTree budgets: use it with --mode ddtree")
     if adaptive and max_budget < 1:
         raise SpecdeployError(f"--max-budget must be at least 1, got {max_budget}")
-    try:
-        tree_budget = max_budget if adaptive else None if budget is None else int(budget)
-    except ValueError:
-        raise SpecdeployError(f"--budget must be a number of draft nodes or auto, got {budget!r}") from None
+    tree_budget = max_budget if adaptive else parsed
     if max_request_bytes < 1:
         raise SpecdeployError(f"--max-request-bytes must be at least 1, got {max_request_bytes}")
     if not api_key and not is_loopback(host):

@@ -30,12 +30,7 @@ CHAT_TEMPLATE = (
 def byte_tokenizer() -> Tokenizer:
     # ByteLevel spells each byte as one printable character; mapping that character to the byte's value
     # makes token id == byte, with no merges.
-    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([EOS_TOKEN, MASK_TOKEN])
-    return tokenizer
+    return _byte_level({char: byte for byte, char in bytes_to_unicode().items()})
 
 
 def padded_byte_tokenizer(vocab_size: int, eos_id: int, mask_id: int) -> Tokenizer:
@@ -49,6 +44,11 @@ def padded_byte_tokenizer(vocab_size: int, eos_id: int, mask_id: int) -> Tokeniz
         )
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     vocab.update({specials.get(i, f"<|{i}|>"): i for i in range(256, vocab_size)})
+    return _byte_level(vocab)
+
+
+def _byte_level(vocab: dict[str, int]) -> Tokenizer:
+    """A merge-free BPE over `vocab` with byte-level pre-tokenizing and decoding, plus the two specials."""
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()

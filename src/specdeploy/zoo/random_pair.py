@@ -131,7 +131,7 @@ def drafter_config_for(target: PretrainedConfig, block_size: int) -> dict[str, A
     )
 
 
-def _empty_directory(path: Path) -> Path:
+def empty_directory(path: Path) -> Path:
     if path.exists() and any(path.iterdir()):
         raise SpecdeployError(f"{path} already exists and is not empty: choose another output directory")
     path.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ def write_random_pair(
     if block_size not in BLOCK_SIZES:
         raise SpecdeployError(f"block size {block_size} is not supported: choose one of {BLOCK_SIZES}")
     out_dir = Path(out_dir)
-    target_dir, draft_dir = _empty_directory(out_dir / "target"), _empty_directory(out_dir / "draft")
+    target_dir, draft_dir = empty_directory(out_dir / "target"), empty_directory(out_dir / "draft")
     config = target_config(family)
     with torch.random.fork_rng(devices=[]):  # leave the caller's random stream untouched
         torch.manual_seed(seed)
