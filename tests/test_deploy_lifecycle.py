@@ -61,6 +61,25 @@ def test_failed_start_is_recorded_and_cleaned_up(tmp_path):
     assert not (run_dir / "manifest.json").exists()
 
 
+def test_an_interrupt_while_the_manifest_is_written_stops_the_healthy_server(tmp_path, monkeypatch):
+    """A signal after the server became healthy (a `kill` while versions are collected) must not leave it
+    running: CI once saw a campaign's SIGTERM land exactly there."""
+    import specdeploy.deploy.deployment as deployment_module
+
+    def interrupted() -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deployment_module, "runtime_versions", interrupted)
+    plan = fake_server_plan(free_port(), "--healthy-after", "0.1")
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        deploy_up(plan, "local", run_dir, runs_root=tmp_path / "runs", health_timeout_s=30)
+    record = read_state(run_dir)
+    assert record.state == "failed"
+    status = deployment_status(load_deployment(run_dir))
+    assert not status["alive"] and not status["healthy"]
+
+
 def test_preflight_failure_launches_nothing(tmp_path):
     port = free_port()
     plan = fake_server_plan(port)

@@ -253,8 +253,11 @@ class CampaignRun:
             state.status = "interrupted"
             raise
         finally:
-            if deployment is not None and state.starts[-1].outcome == "running":
-                self.control.stop(deployment)
+            if state.starts and state.starts[-1].outcome == "running":
+                if deployment is not None:
+                    self.control.stop(deployment)
+                else:  # interrupted between deploy_up's return and the assignment: its record still knows
+                    self.control.stop_leftover(Path(state.starts[-1].deploy_dir))
                 state.starts[-1].outcome = "stopped"
             self.save()
 

@@ -173,9 +173,11 @@ def deploy_up(
     record = DeploymentRecord(
         state="starting", recipe=plan.recipe, mode=plan.mode, launcher=handle, updated_at=started_at
     )
-    write_state(run_dir, record)
-    point_latest(run_dir, runs_root)
+    # Everything from here to the return is covered: a signal that lands while the manifest is written
+    # (after the server became healthy) must stop the server too, or it outlives its command.
     try:
+        write_state(run_dir, record)
+        point_latest(run_dir, runs_root)
         wait_for_health(
             handle.url,
             is_alive=lambda: chosen.is_running(handle),
@@ -190,40 +192,39 @@ def deploy_up(
         )
         if smoke_report is not None and greedy_reference is not None:
             check_greedy(smoke_report, greedy_reference)
+        manifest = Manifest(
+            plan=plan.to_json_dict(),
+            git_commit=git_commit(),
+            engine=EngineRecord(
+                name=plan.engine.name,
+                version=plan.engine.version,
+                image=plan.engine.image,
+                image_digest=image_digest(plan.engine.image)
+                if launcher == "docker" and plan.engine.image
+                else None,
+                image_id=image_id(plan.engine.image) if launcher == "docker" and plan.engine.image else None,
+            ),
+            hardware=hardware,
+            launcher=handle,
+            launch_command=command,
+            weights=weights,
+            preflight=preflight.checks,
+            smoke=smoke_report,
+            server_info=_server_info(handle.url),
+            started_at=started_at,
+            healthy_at=healthy_at,
+            startup_s=round(startup_s, 2),
+            **runtime_versions(),
+        )
+        write_manifest(run_dir, manifest)
+        running = record.model_copy(update={"state": "running", "updated_at": utc_now()})
+        write_state(run_dir, running)
+        return Deployment(run_dir=run_dir, record=running, manifest=manifest)
     except BaseException as exc:  # includes Ctrl-C: never leave a half-started server holding the GPUs
         chosen.stop(handle, DEFAULT_STOP_GRACE_S)
         failed = record.model_copy(update={"state": "failed", "updated_at": utc_now(), "error": str(exc)})
         write_state(run_dir, failed)
         raise
-
-    manifest = Manifest(
-        plan=plan.to_json_dict(),
-        git_commit=git_commit(),
-        engine=EngineRecord(
-            name=plan.engine.name,
-            version=plan.engine.version,
-            image=plan.engine.image,
-            image_digest=image_digest(plan.engine.image)
-            if launcher == "docker" and plan.engine.image
-            else None,
-            image_id=image_id(plan.engine.image) if launcher == "docker" and plan.engine.image else None,
-        ),
-        hardware=hardware,
-        launcher=handle,
-        launch_command=command,
-        weights=weights,
-        preflight=preflight.checks,
-        smoke=smoke_report,
-        server_info=_server_info(handle.url),
-        started_at=started_at,
-        healthy_at=healthy_at,
-        startup_s=round(startup_s, 2),
-        **runtime_versions(),
-    )
-    write_manifest(run_dir, manifest)
-    running = record.model_copy(update={"state": "running", "updated_at": utc_now()})
-    write_state(run_dir, running)
-    return Deployment(run_dir=run_dir, record=running, manifest=manifest)
 
 
 def deployment_facts(plan: LaunchPlan, deployment: Deployment) -> dict[str, Any]:
