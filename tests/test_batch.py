@@ -55,20 +55,33 @@ def test_greedy_outputs_under_batching_equal_single_requests(pairs, family):
     assert_batched_greedy_equals_single(*pairs[family])
 
 
-def assert_batched_greedy_equals_single(target, drafter) -> None:
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_greedy_outputs_with_padded_rows_equal_single_requests(pairs, family):
+    """Steps padded to row buckets (what CUDA graphs use): with 4 rows, 3 running pad to 4, and the padding
+    reaches the row being prefilled (the last) while its 9-token prompt spans three iterations."""
+    order = [0, 1, 3, 2, 4, 5]  # the long prompt arrives fourth, when three are running
+    assert_batched_greedy_equals_single(
+        *pairs[family], max_running=4, pad_rows=True, order=order, arrival_gap=0
+    )
+
+
+def assert_batched_greedy_equals_single(
+    target, drafter, max_running: int = 3, pad_rows=None, order=range(len(PROMPTS)), arrival_gap: int = 2
+) -> None:
     """Every mode: requests arriving over time, more than can run at once, leaving at different lengths."""
+    prompts, lengths = [PROMPTS[i] for i in order], [LENGTHS[i] for i in order]
     for mode, budget in MODES:
-        params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+        params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
         single = [
             Decoder(target, drafter if mode != "ar" else None, mode, budget).generate(p, q).token_ids
-            for p, q in zip(PROMPTS, params, strict=True)
+            for p, q in zip(prompts, params, strict=True)
         ]
-        engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=3,
-                             max_context=128, prefill_tokens=4)  # fmt: skip
-        schedule = [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))]
+        engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=max_running,
+                             max_context=128, prefill_tokens=4, pad_rows=pad_rows)  # fmt: skip
+        schedule = [(i * arrival_gap, p, q) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
         got = run(engine, schedule)
-        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single, (mode, budget)
-        assert all(got["finish"][i + 1] == "length" for i in range(len(PROMPTS)))
+        assert [got["outputs"][i + 1] for i in range(len(prompts))] == single, (mode, budget)
+        assert all(got["finish"][i + 1] == "length" for i in range(len(prompts)))
 
 
 def test_a_cancelled_request_leaves_and_the_others_are_unaffected(pairs):
@@ -151,13 +164,26 @@ def test_requests_that_cannot_fit_are_refused(pairs):
     assert torch.is_tensor(engine.shared.prefix)
 
 
+def step_cost(seconds, budgets: list[int], rows: list[int]):
+    """A start-up step cost tabulated from `seconds(rows, budget)`."""
+    from specdeploy.engine.budget import CostCurve, StepCost
+
+    return StepCost({b: CostCurve({r: seconds(r, b) for r in rows}) for b in budgets})
+
+
+def verify_and_draft(verify, draft):
+    """Step seconds from a verify cost over tokens and a drafter cost over rows."""
+    return lambda rows, budget: verify(rows * (budget + 1)) + draft(rows)
+
+
 def test_an_adaptive_budget_keeps_every_output_and_shrinks_trees_under_load(pairs):
     from specdeploy.engine.budget import BudgetPolicy, CostCurve
 
     target, drafter = pairs["qwen3"]
     # a verify cost that is flat up to 64 tokens then grows with them, as on a GPU
     verify = CostCurve({1: 1.0, 64: 1.0, 512: 8.0, 4096: 64.0})
-    policy = BudgetPolicy([2, 8, 32], verify, CostCurve({1: 0.1, 8: 0.2}), explore_every=1000)
+    cost = step_cost(verify_and_draft(verify, CostCurve({1: 0.1, 8: 0.2})), [2, 8, 32], [1, 2, 4, 6])
+    policy = BudgetPolicy([2, 8, 32], cost, explore_every=1000)
     for budget, accept in ((2, 2.0), (8, 3.0), (32, 3.6)):
         for _ in range(3):
             policy.observe(budget, [accept])
@@ -180,7 +206,11 @@ def test_the_policy_maximises_its_estimate_and_tries_every_budget():
     assert verify(8) == pytest.approx(1.0 + 0.1 * 7 / 15) and verify(2048) == pytest.approx(
         20 + 17 / 896 * 1024
     )
-    policy = BudgetPolicy([1, 4, 16, 64], verify, CostCurve({1: 0.2, 4: 0.3}), explore_every=5)
+    draft = CostCurve({1: 0.2, 4: 0.3})
+    cost = step_cost(verify_and_draft(verify, draft), [1, 4, 16, 64], [1, 4])
+    assert cost(4, 16) == pytest.approx(verify(68) + 0.3)
+    assert cost(2, 4) == pytest.approx(cost(1, 4) + (cost(4, 4) - cost(1, 4)) / 3)  # linear in the rows
+    policy = BudgetPolicy([1, 4, 16, 64], cost, explore_every=5)
     tried = set()
     for _ in range(40):
         budget = policy.choose(4)
@@ -192,9 +222,10 @@ def test_the_policy_maximises_its_estimate_and_tries_every_budget():
 
 
 def test_measured_step_times_correct_a_wrong_startup_curve():
-    """On a GPU the start-up curve times eager forwards (launch-bound, flat in the tokens) while steps run as
-    graphs; the policy must follow the steps' measured times, and a first step that compiles must not sway it."""
-    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+    """A start-up cost that is wrong (here flat in the tokens, as eager launch-bound forwards are, while the
+    real steps grow with them): the policy must follow the steps' measured times, and a first step that
+    compiles must not sway it."""
+    from specdeploy.engine.budget import BudgetPolicy
 
     def true_seconds(running: int, budget: int) -> float:
         return 2e-4 + 1e-6 * running * (budget + 1)
@@ -204,8 +235,8 @@ def test_measured_step_times_correct_a_wrong_startup_curve():
     best = max(accept, key=lambda b: accept[b] / true_seconds(running, b))
 
     def settle(measured: bool) -> BudgetPolicy:
-        flat = CostCurve({1: 6e-3, 4096: 6e-3})
-        policy = BudgetPolicy(list(accept), flat, CostCurve({1: 1e-3, 64: 1e-3}), explore_every=7)
+        flat = step_cost(lambda rows, budget: 7e-3, list(accept), [1, 64])  # eager, launch-bound
+        policy = BudgetPolicy(list(accept), flat, explore_every=7)
         seen = set()
         for _ in range(300):
             budget = policy.choose(running)
@@ -218,3 +249,25 @@ def test_measured_step_times_correct_a_wrong_startup_curve():
     assert max(unmeasured.budgets, key=lambda b: unmeasured.throughput(running, b)) != best  # the trap
     assert max(measured.budgets, key=lambda b: measured.throughput(running, b)) == best == 4
     assert measured.describe()["measured_over_predicted_by_budget"][4] < 0.1
+
+
+def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pairs):
+    """An auto policy without a cost gets one from dead steps on the engine's own runner; those steps write
+    only scratch slots, so every output afterwards still equals its single-request output."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    target, drafter = pairs["deepseek_v3"]
+    policy = BudgetPolicy([2, 8])
+    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, policy=policy)
+    assert sorted(policy.cost.as_dict()) == [2, 8]
+    assert all(sorted(by_rows) == [1, 2, 4] for by_rows in policy.cost.as_dict().values())
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    single = [
+        Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    got = run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+    assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
+    with pytest.raises(SpecdeployError, match="no sequence runs"):
+        engine.shared.begin([1, 2], SamplingParams(), None)
+        engine.shared.dead_step(1, 2)

@@ -34,3 +34,12 @@ def pairs(tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_outputs_under_batching_on_cuda_equal_single_requests(pairs, family):
     assert_batched_greedy_equals_single(*pairs[family])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_padded_row_buckets_on_cuda_keep_every_output(pairs, family):
+    """With graphs the steps pad to row buckets by default: 3 running rows pad to 4, over the row being
+    prefilled (see test_batch's CPU twin)."""
+    assert_batched_greedy_equals_single(
+        *pairs[family], max_running=4, order=[0, 1, 3, 2, 4, 5], arrival_gap=0
+    )

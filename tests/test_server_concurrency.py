@@ -139,9 +139,9 @@ def test_full_queue_answers_503_and_admitted_requests_complete(random_pair: tupl
 def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
     random_pair: tuple[Path, Path],
 ) -> None:
-    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+    from specdeploy.engine.budget import BudgetPolicy
 
-    policy = BudgetPolicy([2, 4, 8], CostCurve({1: 1.0, 64: 1.0, 512: 9.0}), CostCurve({1: 0.1, 8: 0.2}))
+    policy = BudgetPolicy([2, 4, 8])  # the server's batch engine measures its step cost at start-up
     with running_server(random_pair, "ddtree", 8, budget_policy=policy, max_running_requests=4) as url:
 
         async def main() -> list[dict]:
@@ -161,6 +161,11 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
         assert meta["spec_num_proposed_drafts"] == sum(meta["ddtree_budgets"])
     assert info["engine"]["budget"] == "auto" and info["max_running_requests"] == 4
     described = info["internal_states"][0]["ddtree_budget_policy"]
+    measured = described["step_ms_by_budget_and_rows"]
+    assert set(measured) == {"2", "4", "8"} and all(
+        set(by_rows) == {"1", "2", "4"} for by_rows in measured.values()
+    )
+    assert all(ms > 0 for by_rows in measured.values() for ms in by_rows.values())
     assert sum(described["steps_by_budget"].values()) >= max(
         r["meta_info"]["spec_verify_ct"] for r in replies
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdeploy.engine.budget import BudgetPolicy
+from specdeploy.engine.budget import BudgetPolicy, CostCurve, StepCost, measure_step_cost
 from specdeploy.engine.decode import Step, StopRules
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import StepRunner
@@ -62,9 +62,11 @@ class BatchEngine:
         cuda_graphs: bool = True,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         policy: BudgetPolicy | None = None,
+        pad_rows: bool | None = None,
     ) -> None:
         """`max_context`: positions (prompt + new tokens) a request may reach; `policy` picks each step's
-        DDTree budget (default: always `budget`, which then is the largest the policy may pick)."""
+        DDTree budget (default: always `budget`, which then is the largest the policy may pick); `pad_rows`:
+        steps run on buckets of rows (StepRunner; default with CUDA graphs)."""
         if max_running < 1:
             raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
         self.target, self.drafter, self.mode, self.budget = target, drafter, mode, budget
@@ -77,11 +79,28 @@ class BatchEngine:
         self.prefilling: Request | None = None
         self.running: list[Request] = []  # attention targets: the request in each row of the shared runner
         self.per_request = target.has_recurrent_layers
-        make = lambda rows: StepRunner(target, drafter, mode, budget, rows=rows, cuda_graphs=cuda_graphs)  # noqa: E731
-        self._make_runner = make
-        self.shared = None if self.per_request else make(max_running)
+        self._make_runner = lambda rows: StepRunner(  # noqa: E731
+            target, drafter, mode, budget, rows=rows, cuda_graphs=cuda_graphs, pad_rows=pad_rows
+        )
+        self.shared = None if self.per_request else self._make_runner(max_running)
         if self.shared is not None:
             self.shared.reserve(max_context)
+        budgets = policy.budgets if policy is not None else [budget]
+        started = time.perf_counter()
+        # Every graph a greedy step can need, captured now rather than inside the first requests' steps.
+        self.graphs_captured = self.shared.capture(budgets) if self.shared is not None else 0
+        if policy is not None and policy.cost is None:
+            policy.cost = self._measure_step_cost(policy.budgets)
+        self.startup_s = time.perf_counter() - started
+
+    def _measure_step_cost(self, budgets: list[int]) -> StepCost:
+        if self.shared is not None:
+            return measure_step_cost(self.shared, budgets)
+        runner = self._make_runner(1)  # recurrent targets: one runner per request, stepped in turn
+        runner.reserve(self.max_context)
+        one = measure_step_cost(runner, budgets)
+        return StepCost({b: CostCurve({1: one(1, b), self.max_running: self.max_running * one(1, b)})
+                         for b in budgets})  # fmt: skip
 
     @property
     def num_running(self) -> int:

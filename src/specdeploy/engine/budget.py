@@ -4,18 +4,17 @@ A bigger tree commits more tokens per step but costs more to verify, and the ver
 tokens of every running request together: at batch 1 a 64-node tree is almost free, at 32 requests it
 competes for the same FLOPs. The policy keeps two curves:
 
-- cost: seconds of one target forward over n tokens, and of one drafter pass over r rows, measured at
-  start-up (powers of two, interpolated linearly in between);
+- cost: seconds of one whole step (draft, tree, verify, accept, commit) per budget and running count,
+  measured at start-up on the engine's own step runner, with dead rows (`StepRunner.dead_step`: the same
+  kernels, or CUDA graphs, as a real step, committing nothing); row counts in between are interpolated;
 - acceptance: the mean tokens a request commits per step at each budget, observed on the steps run so far;
 
 and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b), where cost(r, b) is
-draft(r) + verify(r (b+1)) times the median ratio of measured to predicted time over the budget's recent steps.
-The start-up curves time plain eager forwards; real steps may run as CUDA graphs (on a GPU, many times faster
-for a small model, where eager time is launch overhead and flat in the tokens), so the measured steps correct
-them budget by budget; a budget not yet measured takes the median ratio of those that were.
-Budgets never tried count as optimistic (their larger neighbour's acceptance, or twice the best seen) until
-they have been tried a few times, and every `explore_every`-th choice tries the runner-up, so the observed
-curve keeps up with the traffic.
+the start-up cost times the median ratio of measured to predicted time over the budget's recent steps (real
+steps read longer contexts than the start-up ones; a budget not yet measured takes the median ratio of those
+that were). Budgets never tried count as optimistic (their larger neighbour's acceptance, or twice the best
+seen) until they have been tried a few times, and every `explore_every`-th choice tries the runner-up, so the
+observed curve keeps up with the traffic.
 """
 
 from __future__ import annotations
@@ -24,9 +23,12 @@ import bisect
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specdeploy.engine.step import StepRunner
 
 MIN_SAMPLES = 3  # steps at a budget before its observed acceptance is trusted
 EWMA = 0.05  # weight of each new step in a budget's running acceptance
@@ -46,6 +48,8 @@ class CostCurve:
         self.seconds = [points[size] for size in self.sizes]
 
     def __call__(self, size: int) -> float:
+        if len(self.sizes) == 1:
+            return self.seconds[0]
         i = bisect.bisect_left(self.sizes, size)
         if i < len(self.sizes) and self.sizes[i] == size:
             return self.seconds[i]
@@ -57,32 +61,49 @@ class CostCurve:
         return dict(zip(self.sizes, self.seconds, strict=True))
 
 
-def measure(
-    run: Callable[[int], None], sizes: list[int], device: torch.device, repeats: int = 3
-) -> CostCurve:
-    """Median seconds of `run(size)` per size, after one warm-up call each."""
-    points = {}
-    for size in sizes:
-        run(size)
-        times = []
-        for _ in range(repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            run(size)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - started)
-        points[size] = sorted(times)[len(times) // 2]
-    return CostCurve(points)
+class StepCost:
+    """Seconds of one step per budget, as a function of the running rows."""
+
+    def __init__(self, by_budget: dict[int, CostCurve]) -> None:
+        self.by_budget = by_budget
+
+    def __call__(self, rows: int, budget: int) -> float:
+        return self.by_budget[budget](rows)
+
+    def as_dict(self) -> dict[int, dict[int, float]]:
+        return {budget: curve.as_dict() for budget, curve in sorted(self.by_budget.items())}
+
+
+@torch.inference_mode()
+def measure_step_cost(runner: StepRunner, budgets: list[int], repeats: int = 3) -> StepCost:
+    """Median seconds of a dead step per budget at every row bucket the runner uses (or powers of two and
+    the largest count, when it does not pad), after one warm-up step each (which captures its graphs)."""
+    rows_measured = (
+        runner.row_buckets() if runner.pad_rows else sorted({*powers_of_two(runner.rows), runner.rows})
+    )
+    synchronize = torch.cuda.synchronize if runner.device.type == "cuda" else lambda device: None
+    by_budget = {}
+    for budget in budgets:
+        points = {}
+        for rows in rows_measured:
+            runner.dead_step(rows, budget)
+            times = []
+            for _ in range(repeats):
+                synchronize(runner.device)
+                started = time.perf_counter()
+                runner.dead_step(rows, budget)
+                synchronize(runner.device)
+                times.append(time.perf_counter() - started)
+            points[rows] = sorted(times)[len(times) // 2]
+        by_budget[budget] = CostCurve(points)
+    return StepCost(by_budget)
 
 
 class BudgetPolicy:
-    def __init__(
-        self, budgets: list[int], verify: CostCurve, draft: CostCurve, explore_every: int = 20
-    ) -> None:
+    def __init__(self, budgets: list[int], cost: StepCost | None = None, explore_every: int = 20) -> None:
+        """`cost`: the start-up step cost; None until the batch engine measures it on its runner."""
         self.budgets = sorted(budgets)
-        self.verify, self.draft = verify, draft
+        self.cost = cost
         self.explore_every = explore_every
         self.accept = dict.fromkeys(self.budgets, 0.0)
         self.samples = dict.fromkeys(self.budgets, 0)
@@ -102,8 +123,8 @@ class BudgetPolicy:
         return 2 * max(smaller) if smaller else float(budget + 1)
 
     def predicted(self, running: int, budget: int) -> float:
-        """Seconds of one step by the start-up curves."""
-        return self.draft(running) + self.verify(running * (budget + 1))
+        """Seconds of one step by the start-up cost."""
+        return self.cost(running, budget)
 
     def cost_ratio(self, budget: int) -> float:
         """Measured over predicted step time at `budget` (the other budgets' while it is little measured)."""
@@ -140,8 +161,10 @@ class BudgetPolicy:
         """What /server_info shows: both curves and the latest choice per running count."""
         return {
             "budgets": self.budgets,
-            "verify_ms_by_tokens": {n: round(1e3 * s, 3) for n, s in self.verify.as_dict().items()},
-            "draft_ms_by_rows": {n: round(1e3 * s, 3) for n, s in self.draft.as_dict().items()},
+            "step_ms_by_budget_and_rows": {
+                b: {r: round(1e3 * s, 3) for r, s in curve.items()}
+                for b, curve in self.cost.as_dict().items()
+            },
             "accept_length_by_budget": {b: round(self.accept[b], 3) for b in self.budgets if self.samples[b]},
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
             "measured_over_predicted_by_budget": {
@@ -149,31 +172,3 @@ class BudgetPolicy:
             },
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }
-
-
-@torch.inference_mode()
-def calibrate(
-    target: torch.nn.Module, drafter: torch.nn.Module, budgets: list[int], max_running: int
-) -> BudgetPolicy:
-    """Measure the cost curves on the engine's own models (a few seconds) and return a fresh policy."""
-    device = target.embed_tokens.weight.device
-    most = max_running * (max(budgets) + 1)
-    vocab = target.config.vocab_size
-
-    def verify(tokens: int) -> None:
-        ids = torch.randint(0, vocab, (1, tokens), device=device)
-        target(ids, torch.arange(tokens, device=device)[None])
-
-    width = len(drafter.target_layer_ids) * target.config.hidden_size
-    block = drafter.block_size
-
-    def draft(rows: int) -> None:
-        noise = torch.randn(
-            rows, block, target.config.hidden_size, device=device, dtype=target.embed_tokens.weight.dtype
-        )
-        context = torch.zeros(rows, 1, width, device=device, dtype=noise.dtype)
-        drafter(noise, context, torch.arange(block + 1, device=device)[None])
-
-    verify_curve = measure(verify, sorted({*powers_of_two(most), most}), device)
-    draft_curve = measure(draft, sorted({*powers_of_two(max_running), max_running}), device)
-    return BudgetPolicy(budgets, verify_curve, draft_curve)

@@ -8,8 +8,12 @@ the commit moves the path's cache entries into place and hands its target featur
 Sequences live in rows of the static caches and buffers; rows 0..active-1 decode, and a finished row is
 refilled by the last one (so the running rows stay a prefix and every stage runs on views). Each stage is
 fixed-shape device work with no host synchronisation, replayed as a CUDA graph on a GPU (one graph per
-stage, running-row count, attention window and tree budget); the host reads the committed tokens once per
+stage, row bucket, attention window and tree budget); the host reads the committed tokens once per
 step. Rows may sample with different settings: greedy rows take the argmax, sampling rows their own draws.
+
+With graphs, the running rows are padded up to a bucket (1, 2, 4, 8, then multiples of 8, as SGLang's graph
+batch sizes) so that a few graphs serve every running count; a padded row is dead for the step: it writes
+only the scratch slot and commits nothing, so a free row, or the row being prefilled, is untouched.
 
 Targets with recurrent layers read the tree on the host (their exact per-node states need it), so they run
 one row per runner, eagerly, with one more synchronisation to commit the accepted path's state.
@@ -94,7 +98,9 @@ class StepRunner:
         budget: int | None,
         rows: int = 1,
         cuda_graphs: bool = True,
+        pad_rows: bool | None = None,
     ) -> None:
+        """`pad_rows`: run each step on a bucket of rows (default: when CUDA graphs are on)."""
         if rows < 1:
             raise SpecdeployError(f"a runner needs at least one row, got {rows}")
         if target.has_recurrent_layers and rows > 1:
@@ -109,6 +115,7 @@ class StepRunner:
         self.feature_layers = list(drafter.target_layer_ids) if drafter is not None else []
         self.host_tree = target.has_recurrent_layers
         self.graphs = StageGraphs(cuda_graphs and self.device.type == "cuda" and not self.host_tree)
+        self.pad_rows = self.graphs.enabled if pad_rows is None else pad_rows
         self.cache: StaticCache | None = None
         self.draft_cache: StaticCache | None = None
         self.timer: StageTimes | None = None
@@ -136,6 +143,8 @@ class StepRunner:
         rows, depth = self.rows, self.depth_limit
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.prefix, self.root, self.prompt_len = zeros.clone(), zeros.clone(), zeros.clone()
+        self.row_index = torch.arange(rows, device=self.device)
+        self.live = torch.zeros(rows, dtype=torch.bool, device=self.device)  # the step's running rows
         self.acceptance = Acceptance(
             path=torch.zeros(rows, depth + 1, dtype=torch.long, device=self.device),
             length=zeros.clone(),
@@ -181,6 +190,59 @@ class StepRunner:
             self.draft_cache = self.drafter.new_cache(self.rows, capacity)
         self.slot_index = torch.arange(capacity, device=self.device)
         self.graphs.clear()  # graphs point at the old buffers
+
+    def step_rows(self, active: int) -> int:
+        """Rows a step runs on: the running ones, padded up to a bucket when `pad_rows`."""
+        if not self.pad_rows:
+            return active
+        bucket = 1 << (active - 1).bit_length() if active <= 8 else round_up(active, 8)
+        return min(bucket, self.rows)
+
+    def row_buckets(self) -> list[int]:
+        """Every row count a step may run on."""
+        return sorted({self.step_rows(active) for active in range(1, self.rows + 1)})
+
+    def windows(self) -> list[int]:
+        """Every attention window a step may use, up to the whole cache."""
+        sizes, used = set(), 1
+        while True:
+            sizes.add(self.window(used))
+            if used >= self.cache.capacity:
+                return sorted(sizes)
+            used *= 2
+
+    @torch.inference_mode()
+    def dead_step(self, rows: int, budget: int | None = None, window: int | None = None) -> None:
+        """One greedy step of every stage on `rows` dead rows (no host synchronisation): it writes only scratch
+        slots and commits nothing, so it captures graphs (at `window`, default the smallest) or times a step
+        of that shape without touching any sequence. Only while none runs or prefills."""
+        if self.running or self._pending is not None:
+            raise SpecdeployError("dead steps run only while no sequence runs or prefills")
+        size = self.tree_size(budget)
+        window = window or self.window(1)
+        self._tree_buffers(size)
+        self.live[:rows] = False
+        if self.drafter is not None:
+            self._run(("draft", rows, window), lambda: self._draft(rows, window, self.block), False, (), None)
+        self._run(("tree", rows, size), lambda: self._build_tree(rows, size, True), False, (), None)
+        self._run(("verify", rows, window, size, True), lambda: self._verify(rows, window, size, True),
+                  False, (), None)  # fmt: skip
+        self._run(("accept", rows, size), lambda: self._accept(rows, size, True), False, (), None)
+        self._run(("commit", rows, size), lambda: self._commit(rows, size), False, self._commit_state(),
+                  self._neutral)  # fmt: skip
+
+    def capture(self, budgets: list[int | None]) -> int:
+        """Capture the greedy step's graphs for every row bucket, attention window and budget now, so that no
+        request pays for a capture; returns how many graphs were captured (none without CUDA graphs)."""
+        if not self.graphs.enabled:
+            return 0
+        before = len(self.graphs.graphs)
+        for rows in self.row_buckets():
+            for window in self.windows():
+                for budget in budgets:
+                    self.dead_step(rows, budget, window)
+        torch.cuda.synchronize(self.device)
+        return len(self.graphs.graphs) - before
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
@@ -310,6 +372,8 @@ class StepRunner:
         `budget` picks a DDTree tree size for this step (default: the runner's)."""
         started = time.perf_counter()
         active = self.active
+        rows = self.step_rows(active)
+        torch.lt(self.row_index[:rows], active, out=self.live[:rows])
         size = self.tree_size(budget)
         self._tree_buffers(size)
         prefixes = [row.prefix for row in self.running]
@@ -319,18 +383,18 @@ class StepRunner:
             # Graphs need a fixed shape (the whole block); run eagerly, only the features still unseen.
             context = self.block if self.graphs.enabled else max(row.context for row in self.running)
             self._timed(
-                "draft", ("draft", active, draft_window), lambda: self._draft(active, draft_window, context)
+                "draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window, context)
             )
         chain_sampling = not greedy and self.mode == "dflash"
-        self._timed("tree", ("tree", active, size), lambda: self._build_tree(active, size, greedy),
+        self._timed("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy),
                     eager=chain_sampling)  # fmt: skip
         verify_window = self.window(max(prefixes) + size + 1)
-        self._timed("verify", ("verify", active, verify_window, size, greedy),
-                    lambda: self._verify(active, verify_window, size, greedy))  # fmt: skip
+        self._timed("verify", ("verify", rows, verify_window, size, greedy),
+                    lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
         self._timed(
-            "commit", ("accept", active, size), lambda: self._accept(active, size, greedy), eager=not greedy
+            "commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy
         )
-        self._timed("commit", ("commit", active, size), lambda: self._commit(active, size),
+        self._timed("commit", ("commit", rows, size), lambda: self._commit(rows, size),
                     protect=self._commit_state(), neutral=self._neutral)  # fmt: skip
         out = self.out[:active].tolist()  # the step's one synchronisation
         results = []
@@ -376,60 +440,65 @@ class StepRunner:
 
     # ------------------------------------------------------------------------------------------ stages
 
-    def _uniforms(self, active: int, purpose: str, offsets: torch.Tensor) -> torch.Tensor:
-        """Each row's uniforms at output positions prefix - prompt + offsets ([active, K] offsets)."""
-        base = (self.prefix[:active] - self.prompt_len[:active])[:, None]
-        table = self.uniforms[:active, UniformStream.PURPOSES.index(purpose)]
+    def _uniforms(self, rows: int, purpose: str, offsets: torch.Tensor) -> torch.Tensor:
+        """Each row's uniforms at output positions prefix - prompt + offsets ([rows, K] offsets)."""
+        base = (self.prefix[:rows] - self.prompt_len[:rows])[:, None]
+        table = self.uniforms[:rows, UniformStream.PURPOSES.index(purpose)]
         # greedy rows have no uniforms of their own (their draws are discarded): keep their index in range
-        index = (base + offsets).expand(active, -1).clamp(max=table.shape[1] - 1)
+        index = (base + offsets).expand(rows, -1).clamp(max=table.shape[1] - 1)
         return table.gather(1, index)
 
-    def _draft(self, active: int, window: int, context: int) -> None:
+    def _live_slots(self, rows: int, slots: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+        """`slots` [rows, T] of the running rows; a padded (dead) row writes only the scratch slot."""
+        return torch.where(self.live[:rows, None], slots, cache.scratch_slot)
+
+    def _draft(self, rows: int, window: int, context: int) -> None:
         """`context`: feature rows to write (rows past a row's own count land on slots the block overwrites)."""
         drafter, block = self.drafter, self.block_index
-        prefix = self.prefix[:active]
+        prefix = self.prefix[:rows]
         if context:
-            ctx_slots = (prefix - self.ctx_count[:active])[:, None] + block[:context]
-            drafter.write_context(self.ctx[:active, :context], ctx_slots, ctx_slots, self.draft_cache)
-        slots = prefix[:, None] + block
-        ids = torch.where(block == 0, self.root[:active, None], drafter.mask_token_id)
+            ctx_positions = (prefix - self.ctx_count[:rows])[:, None] + block[:context]
+            ctx_slots = self._live_slots(rows, ctx_positions, self.draft_cache)
+            drafter.write_context(self.ctx[:rows, :context], ctx_positions, ctx_slots, self.draft_cache)
+        positions = prefix[:, None] + block
+        slots = self._live_slots(rows, positions, self.draft_cache)
+        ids = torch.where(block == 0, self.root[:rows, None], drafter.mask_token_id)
         noise = self.target.embed_tokens(ids)
         if drafter.input_embedding_scale != 1.0:
             noise = noise * drafter.input_embedding_scale
         visible = self.slot_index[:window] < (prefix + self.block)[:, None]
-        batch = ForwardBatch(slots, slots, visible[:, None].expand(-1, self.block, -1), self.cache.capacity)
+        batch = ForwardBatch(
+            positions, slots, visible[:, None].expand(-1, self.block, -1), self.cache.capacity
+        )
         hidden = drafter.draft(noise, batch, self.draft_cache)
-        self.draft_logits[:active].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
+        self.draft_logits[:rows].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
 
-    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
-        root = self.root[:active]
+    def _build_tree(self, rows: int, size: int, greedy: bool) -> None:
+        root = self.root[:rows]
         if self.mode == "ar":
             tree = chain_tree(root, root[:, None][:, :0])
         elif self.mode == "ddtree":
-            tree = best_first_tree(root, torch.log_softmax(self.draft_logits[:active], dim=-1), size)
+            tree = best_first_tree(root, torch.log_softmax(self.draft_logits[:rows], dim=-1), size)
         elif greedy:
-            tree = chain_tree(root, self.draft_logits[:active].argmax(dim=-1))
+            tree = chain_tree(root, self.draft_logits[:rows].argmax(dim=-1))
         else:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)
-            probs = row_sampling_probs(self.draft_logits[:active], self.sampling.rows(active))
-            self.draft_probs[:active].copy_(probs)
-            drawn = sample(probs, self._uniforms(active, "draft", self.path_index[1:][None]))
-            argmax = self.draft_logits[:active].argmax(dim=-1)
-            tree = chain_tree(root, torch.where(self.sampling.greedy[:active, None], argmax, drawn))
+            probs = row_sampling_probs(self.draft_logits[:rows], self.sampling.rows(rows))
+            self.draft_probs[:rows].copy_(probs)
+            drawn = sample(probs, self._uniforms(rows, "draft", self.path_index[1:][None]))
+            argmax = self.draft_logits[:rows].argmax(dim=-1)
+            tree = chain_tree(root, torch.where(self.sampling.greedy[:rows, None], argmax, drawn))
         buffers = self._trees[size]
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
-            getattr(buffers.tree, name)[:active].copy_(getattr(tree, name))
+            getattr(buffers.tree, name)[:rows].copy_(getattr(tree, name))
 
-    def _verify(self, active: int, window: int, size: int, greedy: bool) -> None:
+    def _verify(self, rows: int, window: int, size: int, greedy: bool) -> None:
         buffers = self._trees[size]
         tree = TreeBatch(
-            *(
-                getattr(buffers.tree, n)[:active]
-                for n in ("tokens", "parents", "depths", "valid", "ancestors")
-            )
+            *(getattr(buffers.tree, n)[:rows] for n in ("tokens", "parents", "depths", "valid", "ancestors"))
         )
-        prefix = self.prefix[:active]
+        prefix = self.prefix[:rows]
         positions = prefix[:, None] + tree.depths
-        slots = prefix[:, None] + torch.arange(size + 1, device=self.device)
+        slots = self._live_slots(rows, prefix[:, None] + self.slot_index[: size + 1], self.cache)
         column = (self.slot_index[:window][None, :] - prefix[:, None])[:, None, :]
         in_tree = tree.ancestors.gather(2, column.clamp(0, size).expand(-1, size + 1, -1))
         visible = (column < 0) | (in_tree & (column <= size))
@@ -438,50 +507,50 @@ class StepRunner:
             batch.new_visible, batch.committed = tree.ancestors, self.running[0].prefix
         hidden, features = self.target.run(tree.tokens, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden)
-        buffers.target_tokens[:active].copy_(logits.argmax(dim=-1))
+        buffers.target_tokens[:rows].copy_(logits.argmax(dim=-1))
         if not greedy:
-            buffers.logits[:active].copy_(logits)
+            buffers.logits[:rows].copy_(logits)
         if features is not None:
-            buffers.features[:active].copy_(features)
+            buffers.features[:rows].copy_(features)
 
-    def _accept(self, active: int, size: int, greedy: bool) -> None:
+    def _accept(self, rows: int, size: int, greedy: bool) -> None:
         buffers = self._trees[size]
         tree = TreeBatch(
-            *(
-                getattr(buffers.tree, n)[:active]
-                for n in ("tokens", "parents", "depths", "valid", "ancestors")
-            )
+            *(getattr(buffers.tree, n)[:rows] for n in ("tokens", "parents", "depths", "valid", "ancestors"))
         )
-        argmax = buffers.target_tokens[:active]
+        argmax = buffers.target_tokens[:rows]
         if greedy:
             acceptance = walk(tree, argmax, self.depth_limit)
         else:
-            rows = self.sampling.rows(active)
-            probs = row_sampling_probs(buffers.logits[:active], rows)
+            settings = self.sampling.rows(rows)
+            probs = row_sampling_probs(buffers.logits[:rows], settings)
             if self.mode == "dflash":  # rejection sampling on sampled chains; greedy rows walk the argmax
                 sampled = accept_sampled_chain(
                     tree,
-                    self.draft_probs[:active],
+                    self.draft_probs[:rows],
                     probs,
-                    self._uniforms(active, "accept", self.path_index[1:][None]),
-                    self._uniforms(active, "target", self.path_index[None] + 1),
+                    self._uniforms(rows, "accept", self.path_index[1:][None]),
+                    self._uniforms(rows, "target", self.path_index[None] + 1),
                 )
                 exact = walk(tree, argmax, self.depth_limit)
                 acceptance = Acceptance(
-                    *(torch.where(rows.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
+                    *(torch.where(settings.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
                       for a, b in zip((exact.path, exact.length, exact.bonus),
                                       (sampled.path, sampled.length, sampled.bonus), strict=True))
                 )  # fmt: skip
             else:  # the target's own sample at every node, drawn with its position's uniform
-                samples = sample(probs, self._uniforms(active, "target", tree.depths + 1))
-                acceptance = walk(tree, torch.where(rows.greedy[:, None], argmax, samples), self.depth_limit)
-        self.acceptance.path[:active].copy_(acceptance.path)
-        self.acceptance.length[:active].copy_(acceptance.length)
-        self.acceptance.bonus[:active].copy_(acceptance.bonus)
+                samples = sample(probs, self._uniforms(rows, "target", tree.depths + 1))
+                acceptance = walk(
+                    tree, torch.where(settings.greedy[:, None], argmax, samples), self.depth_limit
+                )
+        self.acceptance.path[:rows].copy_(acceptance.path)
+        self.acceptance.length[:rows].copy_(acceptance.length)
+        self.acceptance.bonus[:rows].copy_(acceptance.bonus)
 
-    def _commit(self, active: int, size: int) -> None:
-        path, length = self.acceptance.path[:active], self.acceptance.length[:active]
-        bonus, prefix = self.acceptance.bonus[:active], self.prefix[:active]
+    def _commit(self, rows: int, size: int) -> None:
+        path, bonus = self.acceptance.path[:rows], self.acceptance.bonus[:rows]
+        length = torch.where(self.live[:rows], self.acceptance.length[:rows], 0)  # dead rows commit nothing
+        prefix = self.prefix[:rows]
         buffers = self._trees[size]
         if self.mode == "ddtree":  # chains are verified in place: nothing to move
             kept = self.path_index < length[:, None]
@@ -490,15 +559,15 @@ class StepRunner:
             dest = torch.where(kept, prefix[:, None] + self.path_index, scratch)
             self.cache.move(source, dest)
         if self.drafter is not None:
-            features = buffers.features[:active]
-            self.ctx[:active].copy_(features.gather(1, path[..., None].expand(-1, -1, features.shape[-1])))
-            self.ctx_count[:active].copy_(length)
-        tokens = buffers.tree.tokens[:active].gather(1, path)
+            features = buffers.features[:rows]
+            self.ctx[:rows].copy_(features.gather(1, path[..., None].expand(-1, -1, features.shape[-1])))
+            self.ctx_count[:rows].copy_(length)
+        tokens = buffers.tree.tokens[:rows].gather(1, path)
         out = torch.cat([length[:, None], tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
         out.scatter_(1, length[:, None], bonus[:, None])
-        self.out[:active].copy_(out)
+        self.out[:rows].copy_(out)
         prefix += length
-        self.root[:active].copy_(bonus)
+        self.root[:rows].copy_(bonus)
 
     def _commit_state(self) -> list[torch.Tensor]:
         state = [self.prefix, self.root, self.out, self.acceptance.path, self.acceptance.length]

@@ -23,7 +23,7 @@ def serve(
             "--budget",
             "--ddtree-budget",
             help="DDTree draft nodes per step, or `auto`: chosen every step from the running requests, "
-            "the verify cost measured at start-up and the acceptance seen so far (up to --max-budget).",
+            "the step cost measured at start-up and the acceptance seen so far (up to --max-budget).",
         ),
     ] = None,
     max_budget: Annotated[int, typer.Option(help="Largest budget `--budget auto` may choose.")] = 64,
@@ -103,11 +103,10 @@ def serve(
     )
     policy = None
     if adaptive:
-        from specdeploy.engine.budget import calibrate, powers_of_two
+        from specdeploy.engine.budget import BudgetPolicy, powers_of_two
 
-        typer.echo("measuring the verify cost curve for --budget auto ...", err=True)
-        decoder = engine.decoder
-        policy = calibrate(decoder.target, decoder.drafter, powers_of_two(max_budget), max_running_requests)
+        typer.echo("--budget auto: the step cost of every budget is measured at start-up ...", err=True)
+        policy = BudgetPolicy(powers_of_two(max_budget))  # the batch engine measures its cost
     config = ServerConfig(
         max_queued_requests=max_queued_requests,
         max_running_requests=max_running_requests,

@@ -92,6 +92,9 @@ async def server_info(request: Request) -> dict[str, Any]:
         internal["avg_spec_accept_length"] = avg
     if service.config.budget_policy is not None:
         internal["ddtree_budget_policy"] = service.config.budget_policy.describe()
+    batch_engine = service.worker.engine
+    internal["cuda_graphs_captured_at_startup"] = batch_engine.graphs_captured
+    internal["startup_capture_and_measure_s"] = round(batch_engine.startup_s, 3)
     draft = service.spec.num_draft_tokens
     return {
         "model_path": str(engine.target_path),

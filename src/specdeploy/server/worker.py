@@ -34,6 +34,8 @@ class BatchingEngine(Protocol):
     num_running: int
     num_waiting: int
     idle: bool
+    graphs_captured: int  # CUDA graphs captured when it was built
+    startup_s: float  # seconds spent building it beyond loading: graph capture, step-cost measurement
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Any: ...
 
