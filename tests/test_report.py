@@ -261,6 +261,8 @@ def test_runs_without_a_deployment_name_engine_and_hardware_from_server_info(
     assert result.exit_code == 0, result.output
     assert engine in result.output and hardware in result.output
     assert engine in (tmp_path / "r.html").read_text()
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0 and (run / "report.html").is_file()  # beside the run, not in the cwd
 
 
 def test_recorded_deployment_facts_win_over_server_info(tmp_path: Path) -> None:

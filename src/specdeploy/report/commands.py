@@ -36,10 +36,18 @@ def report(
         list[Path],
         typer.Argument(help="Bench run directories or campaign directories (several: side by side)."),
     ],
-    out: Annotated[Path, typer.Option(help="The HTML page to write.")] = Path("report.html"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="The HTML page to write (default: report.html inside the one directory given, or in the "
+            "current directory when several are compared)."
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the aggregated table as JSON.")] = False,
 ) -> None:
     """Report on finished runs from their files only: throughput, latency, tau, speedup; plots in HTML."""
+    # Beside the runs it describes, so that a report never lands in (and gets committed to) a source checkout.
+    out = out or (run_dirs[0] / "report.html" if len(run_dirs) == 1 else Path("report.html"))
     series, rows = write_report(run_dirs, out)
     if json_output:
         typer.echo(json.dumps(report_document(series, rows), indent=2))
