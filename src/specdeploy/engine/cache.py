@@ -54,6 +54,8 @@ class StaticCache:
                 groups.setdefault(shapes, []).append(layer)
         # layer -> (group tensors, index of the layer inside them)
         self._where: dict[int, tuple[list[torch.Tensor], int]] = {}
+        self._entries: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._flat_entries: dict[int, tuple[torch.Tensor, ...]] = {}
         self.groups: list[list[torch.Tensor]] = []
         for shapes, layers in groups.items():
             tensors = [
@@ -79,15 +81,23 @@ class StaticCache:
 
     def entry(self, layer: int) -> tuple[torch.Tensor, ...]:
         """Layer `layer`'s tensors, each [batch, capacity, *entry]."""
-        tensors, index = self._where[layer]
-        return tuple(t[index] for t in tensors)
+        views = self._entries.get(layer)
+        if views is None:  # made once per layer (until `grow`): every forward of every layer asks
+            tensors, index = self._where[layer]
+            views = self._entries[layer] = tuple(t[index] for t in tensors)
+        return views
+
+    def flat_entry(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """Layer `layer`'s tensors viewed as [batch * capacity, *entry]: what flat slots index."""
+        views = self._flat_entries.get(layer)
+        if views is None:
+            views = self._flat_entries[layer] = tuple(t.view(-1, *t.shape[2:]) for t in self.entry(layer))
+        return views
 
     def store(self, layer: int, flat_slots: torch.Tensor, *values: torch.Tensor) -> None:
         """Store `values` [B, T, *entry] at `flat_slots` (cache row * capacity + slot, [B * T])."""
-        for buffer, value in zip(self.entry(layer), values, strict=True):
-            buffer.view(-1, *buffer.shape[2:]).index_copy_(
-                0, flat_slots, value.reshape(-1, *value.shape[2:]).to(buffer.dtype)
-            )
+        for buffer, value in zip(self.flat_entry(layer), values, strict=True):
+            buffer.index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]).to(buffer.dtype))
 
     def copy_row(self, source: int, dest: int, length: int) -> None:
         """Copy row `source`'s first `length` slots to row `dest` (a sequence moving rows)."""
@@ -140,6 +150,8 @@ class StaticCache:
                 bigger[:, :, : self.capacity - 1] = tensor[:, :, : self.capacity - 1]
                 tensor.data = bigger  # the group lists and _where share these tensor objects
                 tensors[i] = tensor
+        self._entries.clear()  # views of the old storage
+        self._flat_entries.clear()
         if self.positions is not None:
             bigger = self.positions.new_zeros(self.batch, capacity)
             bigger[:, : self.capacity - 1] = self.positions[:, : self.capacity - 1]

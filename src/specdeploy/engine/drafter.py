@@ -60,7 +60,7 @@ class DraftAttention(nn.Module):
         bias = self.qkv_proj.bias[query_size:] if self.qkv_proj.bias is not None else None
         kv = F.linear(projected, self.qkv_proj.weight[query_size:], bias)
         k, v = kv.view(b, tokens, 2 * self.kv_heads, self.head_dim).split(self.kv_heads, dim=2)
-        k_cache, v_cache = (t.view(-1, *t.shape[2:]) for t in cache.entry(self.layer_idx))
+        k_cache, v_cache = cache.flat_entry(self.layer_idx)
         ops.qk_norm_rope_store(
             None, k, v, None, self.k_norm.weight, self.k_norm.eps, False, rope, slots, k_cache, v_cache
         )

@@ -520,7 +520,7 @@ class StepRunner:
         )
         argmax = buffers.target_tokens[:rows]
         if greedy:
-            acceptance = walk(tree, argmax, self.depth_limit)
+            acceptance = self._walk(tree, argmax)
         else:
             settings = self.sampling.rows(rows)
             probs = row_sampling_probs(buffers.logits[:rows], settings)
@@ -532,7 +532,7 @@ class StepRunner:
                     self._uniforms(rows, "accept", self.path_index[1:][None]),
                     self._uniforms(rows, "target", self.path_index[None] + 1),
                 )
-                exact = walk(tree, argmax, self.depth_limit)
+                exact = self._walk(tree, argmax)
                 acceptance = Acceptance(
                     *(torch.where(settings.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
                       for a, b in zip((exact.path, exact.length, exact.bonus),
@@ -540,12 +540,16 @@ class StepRunner:
                 )  # fmt: skip
             else:  # the target's own sample at every node, drawn with its position's uniform
                 samples = sample(probs, self._uniforms(rows, "target", tree.depths + 1))
-                acceptance = walk(
-                    tree, torch.where(settings.greedy[:, None], argmax, samples), self.depth_limit
-                )
+                acceptance = self._walk(tree, torch.where(settings.greedy[:, None], argmax, samples))
         self.acceptance.path[:rows].copy_(acceptance.path)
         self.acceptance.length[:rows].copy_(acceptance.length)
         self.acceptance.bonus[:rows].copy_(acceptance.bonus)
+
+    def _walk(self, tree: TreeBatch, chosen: torch.Tensor) -> Acceptance:
+        """The accept walk over the target's chosen token after each node (`tree.walk`)."""
+        if self.mode == "ar":  # the root alone: it commits itself, and the target's token after it is next
+            return Acceptance(path=tree.depths, length=torch.ones_like(chosen[:, 0]), bonus=chosen[:, 0])
+        return walk(tree, chosen, self.depth_limit)
 
     def _commit(self, rows: int, size: int) -> None:
         path, bonus = self.acceptance.path[:rows], self.acceptance.bonus[:rows]

@@ -42,7 +42,7 @@ def qk_norm_attention(
 ) -> torch.Tensor:
     """Attention with per-head q/k RMSNorm and RoPE (Qwen3 and its relatives): `module` has q_norm, k_norm,
     layer_idx and head_dim; q [B, T, H, D], k and v [B, T, Hkv, D] -> [B, T, H * D]."""
-    k_cache, v_cache = (t.view(-1, *t.shape[2:]) for t in cache.entry(module.layer_idx))
+    k_cache, v_cache = cache.flat_entry(module.layer_idx)
     folded = ops.qk_norm_rope_store(
         q,
         k,
