@@ -307,6 +307,18 @@ def test_cpu_example_is_a_valid_small_campaign() -> None:
     assert max(example.concurrency) == recipe.default_max_running_requests <= example.num_prompts
 
 
+def test_cpu_budgets_example_sweeps_fixed_budgets_and_auto() -> None:
+    from specdeploy.campaign.spec import load_campaign
+
+    example = load_campaign(Path(__file__).parent.parent / "examples" / "campaign-cpu-zoo-budgets.toml")
+    assert [s.id for s in server_configs(example)] == [
+        "tp1-ar", "tp1-ddtree-b4", "tp1-ddtree-b16", "tp1-ddtree-b64", "tp1-ddtree-bauto"
+    ]  # fmt: skip
+    assert [plan.argv[plan.argv.index("--budget") + 1] for plan in (s.plan for s in server_configs(example)[1:])] == [
+        "4", "16", "64", "auto"
+    ]  # fmt: skip
+
+
 def test_a_launcher_that_cannot_run_the_plans_is_refused_before_anything_starts(tmp_path: Path) -> None:
     example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
     wrong = tmp_path / "wrong.toml"
