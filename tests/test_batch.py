@@ -271,3 +271,23 @@ def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pai
     with pytest.raises(SpecdeployError, match="no sequence runs"):
         engine.shared.begin([1, 2], SamplingParams(), None)
         engine.shared.dead_step(1, 2)
+
+
+def test_dead_steps_at_every_bucket_window_and_budget_leave_no_trace(pairs):
+    """What start-up capture runs on a GPU (every row bucket x attention window x budget, dead rows), run
+    eagerly here: every shape works, and the outputs afterwards still equal the single-request ones."""
+    target, drafter = pairs["qwen3"]
+    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, pad_rows=True)
+    runner = engine.shared
+    assert runner.row_buckets() == [1, 2, 4] and runner.windows()[-1] == runner.cache.capacity
+    for rows in runner.row_buckets():
+        for window in runner.windows():
+            for budget in (2, 8):
+                runner.dead_step(rows, budget, window)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    single = [
+        Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    got = run(engine, [(0, p, q) for p, q in zip(PROMPTS, params, strict=True)])
+    assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
