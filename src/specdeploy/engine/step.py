@@ -222,14 +222,10 @@ class StepRunner:
         window = window or self.window(1)
         self._tree_buffers(size)
         self.live[:rows] = False
-        if self.drafter is not None:
-            self._run(("draft", rows, window), lambda: self._draft(rows, window, self.block), False, (), None)
-        self._run(("tree", rows, size), lambda: self._build_tree(rows, size, True), False, (), None)
-        self._run(("verify", rows, window, size, True), lambda: self._verify(rows, window, size, True),
-                  False, (), None)  # fmt: skip
-        self._run(("accept", rows, size), lambda: self._accept(rows, size, True), False, (), None)
-        self._run(("commit", rows, size), lambda: self._commit(rows, size), False, self._commit_state(),
-                  self._neutral)  # fmt: skip
+        untimed = lambda name, key, stage, eager=False, protect=(), neutral=None: self._run(  # noqa: E731
+            key, stage, eager, protect, neutral
+        )
+        self._stages(rows, size, True, window, window, self.block, untimed)
 
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, so that no
@@ -378,24 +374,11 @@ class StepRunner:
         self._tree_buffers(size)
         prefixes = [row.prefix for row in self.running]
         greedy = all(row.params.greedy for row in self.running)
-        if self.drafter is not None:
-            draft_window = self.window(max(prefixes) + self.block)
-            # Graphs need a fixed shape (the whole block); run eagerly, only the features still unseen.
-            context = self.block if self.graphs.enabled else max(row.context for row in self.running)
-            self._timed(
-                "draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window, context)
-            )
-        chain_sampling = not greedy and self.mode == "dflash"
-        self._timed("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy),
-                    eager=chain_sampling)  # fmt: skip
+        draft_window = self.window(max(prefixes) + self.block)
+        # Graphs need a fixed shape (the whole block); run eagerly, only the features still unseen.
+        context = self.block if self.graphs.enabled else max(row.context for row in self.running)
         verify_window = self.window(max(prefixes) + size + 1)
-        self._timed("verify", ("verify", rows, verify_window, size, greedy),
-                    lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
-        self._timed(
-            "commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy
-        )
-        self._timed("commit", ("commit", rows, size), lambda: self._commit(rows, size),
-                    protect=self._commit_state(), neutral=self._neutral)  # fmt: skip
+        self._stages(rows, size, greedy, draft_window, verify_window, context, self._timed)
         out = self.out[:active].tolist()  # the step's one synchronisation
         results = []
         for row, (state, line) in enumerate(zip(self.running, out, strict=True)):
@@ -415,6 +398,21 @@ class StepRunner:
             self.timer.wall += time.perf_counter() - started
             self.timer.steps += 1
         return results
+
+    def _stages(
+        self, rows: int, size: int, greedy: bool, draft_window: int, verify_window: int, context: int, run
+    ) -> None:
+        """Every stage of a step on `rows` rows, each through `run` (`_timed`, or untimed for dead steps), so
+        that real and dead steps use the same graph keys."""
+        if self.drafter is not None:
+            run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window, context))
+        chain_sampling = not greedy and self.mode == "dflash"
+        run("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy), eager=chain_sampling)
+        run("verify", ("verify", rows, verify_window, size, greedy),
+            lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
+        run("commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy)
+        run("commit", ("commit", rows, size), lambda: self._commit(rows, size),
+            protect=self._commit_state(), neutral=self._neutral)  # fmt: skip
 
     def _timed(self, name: str, key, stage, eager: bool = False, protect=(), neutral=None) -> None:
         """Run a stage; with a timer, time it by device events read after the step's one synchronisation."""
@@ -520,7 +518,7 @@ class StepRunner:
         )
         argmax = buffers.target_tokens[:rows]
         if greedy:
-            acceptance = self._walk(tree, argmax)
+            acceptance = walk(tree, argmax, self.depth_limit)
         else:
             settings = self.sampling.rows(rows)
             probs = row_sampling_probs(buffers.logits[:rows], settings)
@@ -532,7 +530,7 @@ class StepRunner:
                     self._uniforms(rows, "accept", self.path_index[1:][None]),
                     self._uniforms(rows, "target", self.path_index[None] + 1),
                 )
-                exact = self._walk(tree, argmax)
+                exact = walk(tree, argmax, self.depth_limit)
                 acceptance = Acceptance(
                     *(torch.where(settings.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
                       for a, b in zip((exact.path, exact.length, exact.bonus),
@@ -540,16 +538,12 @@ class StepRunner:
                 )  # fmt: skip
             else:  # the target's own sample at every node, drawn with its position's uniform
                 samples = sample(probs, self._uniforms(rows, "target", tree.depths + 1))
-                acceptance = self._walk(tree, torch.where(settings.greedy[:, None], argmax, samples))
+                acceptance = walk(
+                    tree, torch.where(settings.greedy[:, None], argmax, samples), self.depth_limit
+                )
         self.acceptance.path[:rows].copy_(acceptance.path)
         self.acceptance.length[:rows].copy_(acceptance.length)
         self.acceptance.bonus[:rows].copy_(acceptance.bonus)
-
-    def _walk(self, tree: TreeBatch, chosen: torch.Tensor) -> Acceptance:
-        """The accept walk over the target's chosen token after each node (`tree.walk`)."""
-        if self.mode == "ar":  # the root alone: it commits itself, and the target's token after it is next
-            return Acceptance(path=tree.depths, length=torch.ones_like(chosen[:, 0]), bonus=chosen[:, 0])
-        return walk(tree, chosen, self.depth_limit)
 
     def _commit(self, rows: int, size: int) -> None:
         path, bonus = self.acceptance.path[:rows], self.acceptance.bonus[:rows]

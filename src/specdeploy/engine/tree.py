@@ -155,6 +155,9 @@ def walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acce
     makes the walk lossless at any temperature. Siblings carry distinct tokens, so the accepted indices
     form one path: every index whose ancestors all match.
     """
+    if tree.size == 0:  # the root alone (AR): it commits itself, and the target's token after it is next
+        path = torch.zeros(tree.tokens.shape[0], depth_limit + 1, dtype=torch.long, device=tree.tokens.device)
+        return Acceptance(path=path, length=torch.ones_like(target_tokens[:, 0]), bonus=target_tokens[:, 0])
     matches = tree.tokens == target_tokens.gather(1, tree.parents)
     matches[:, 0] = True
     matches &= tree.valid
