@@ -84,6 +84,26 @@ CHECKS = textwrap.dedent(
         batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(b, tokens, dtype=torch.long),
                              visible, window + 64)
         close(tk.masked_attention(q, keys, values, visible, 0.1), attend_folded(q, keys, values, batch, 0.1))
+
+    # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
+    # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.models.moe import Experts
+    from specdeploy.engine.triton_moe import fused_moe
+
+    for tokens, experts, k, hidden, inter, shared_inter in (
+        (1, 8, 2, 64, 32, 64), (5, 8, 3, 48, 40, 0), (40, 4, 2, 32, 16, 16),
+    ):
+        block = Experts(experts, hidden, inter)
+        block.w13.data.normal_(0, 0.2)
+        block.w2.data.normal_(0, 0.2)
+        shared = SwiGLU(hidden, shared_inter) if shared_inter else None
+        x, weights = torch.randn(tokens, hidden), torch.rand(tokens, k)
+        indices = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+        shared_weights = (shared.gate_up_proj.weight, shared.down_proj.weight) if shared else ()
+        with torch.no_grad():
+            close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights),
+                  block(x, weights, indices, shared))
     print("ok")
     """
 )

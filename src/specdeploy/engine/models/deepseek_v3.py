@@ -146,7 +146,7 @@ class DeepseekV3MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, indices = self.gate(flat)
-        return self.experts(flat, weights, indices).view_as(x) + self.shared_experts(x)
+        return self.experts(flat, weights, indices, self.shared_experts).view_as(x)
 
 
 class DeepseekV3ForCausalLM(TargetModel):
