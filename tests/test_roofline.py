@@ -32,7 +32,9 @@ TINY = {
     "eos_token_id": 1,
 }
 # drafter: 2 layers of 2 key/value heads of width 128 (the shapes module's head_dim)
-SHAPE = Shape("tiny", "tiny", "by hand", TINY, _drafter(TINY, layers=2, heads=2, kv_heads=2, inter=48, block=4))
+SHAPE = Shape(
+    "tiny", "tiny", "by hand", TINY, _drafter(TINY, layers=2, heads=2, kv_heads=2, inter=48, block=4)
+)
 FP32 = 4
 
 
