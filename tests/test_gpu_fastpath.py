@@ -139,10 +139,11 @@ def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
     close(got, want)
 
 
-@pytest.mark.parametrize("tokens", [1, 17, 65, 257, 600])
+@pytest.mark.parametrize("tokens", [1, 17, 65, 257, 600, 1000])
 def test_fused_moe_equals_the_grouped_gemm(tokens):
-    """384 experts top-8 plus a shared expert (Kimi's routing) at reduced widths, from decode to prefill:
-    float32 equal to the torch path; bfloat16 no further from a float32 oracle than the torch path is."""
+    """384 experts top-8 plus a shared expert (Kimi's routing) at reduced widths, from decode to prefill (1000
+    tokens: 9000 pairs, past the one-program plan): float32 equal to the torch path; bfloat16 no further from a
+    float32 oracle than the torch path is."""
     from specdeploy.engine.models.layers import SwiGLU
     from specdeploy.engine.models.moe import Experts
     from specdeploy.engine.triton_moe import fused_moe
@@ -168,3 +169,47 @@ def test_fused_moe_equals_the_grouped_gemm(tokens):
                         shared.down_proj.weight)  # fmt: skip
     ours, theirs = (got.float() - oracle).abs().max(), (torch_bf16.float() - oracle).abs().max()
     assert ours <= 1.5 * theirs + 1e-3, (ours.item(), theirs.item())
+
+
+@pytest.mark.parametrize(("tokens", "experts", "k", "shared"), [(1, 384, 8, 1), (257, 384, 8, 1), (900, 64, 8, 1),
+                                                             (65, 128, 8, 0)])  # fmt: skip
+def test_kernel_block_plan_equals_the_torch_plan(tokens, experts, k, shared):
+    from specdeploy.engine.triton_moe import block_plan, kernel_plan
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    indices = torch.rand(tokens, experts, device="cuda", generator=gen).topk(k, dim=-1).indices
+    picks = torch.cat([indices.flatten(), torch.full((tokens * shared,), experts, device="cuda")])
+    for block_m in (16, 64):
+        want = block_plan(picks, experts + shared, block_m)
+        got = kernel_plan(indices, picks.numel(), experts, experts + shared, block_m)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), block_m
+
+
+def test_one_kernel_routing_equals_the_router_ops():
+    """Kimi's routing (384 experts top-8, one group) on the GPU: the same experts and weights as the torch ops."""
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    config = {
+        "n_routed_experts": 384,
+        "num_experts_per_tok": 8,
+        "hidden_size": 256,
+        "n_group": 1,
+        "topk_group": 1,
+    }
+    with torch.device("cuda"), torch.no_grad():
+        router = GroupLimitedRouter({**config, "routed_scaling_factor": 2.827})
+        router.weight.normal_(generator=gen)
+        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        x = torch.randn(300, 256, generator=gen)
+        got_weights, got = router(x)  # the kernel
+        ops._triton_kernels.cache_clear()
+        os.environ["SPECDEPLOY_TRITON"] = "0"
+        try:
+            want_weights, want = router(x)
+        finally:
+            os.environ.pop("SPECDEPLOY_TRITON")
+            ops._triton_kernels.cache_clear()
+    (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+    assert torch.equal(got, want)
+    close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))

@@ -89,7 +89,16 @@ CHECKS = textwrap.dedent(
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)
     from specdeploy.engine.models.layers import SwiGLU
     from specdeploy.engine.models.moe import Experts
-    from specdeploy.engine.triton_moe import fused_moe
+    from specdeploy.engine.triton_moe import block_plan, fused_moe, kernel_plan
+
+    # the one-program block plan equals the torch one (with and without a shared expert, 16- and 64-row blocks)
+    for tokens, experts, k, shared, block_m in ((1, 8, 2, 1, 16), (17, 384, 8, 1, 16), (300, 16, 4, 0, 16),
+                                                (40, 4, 2, 1, 64)):
+        indices = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+        picks = torch.cat([indices.flatten(), torch.full((tokens * shared,), experts)])
+        want = block_plan(picks, experts + shared, block_m)
+        got = kernel_plan(indices, picks.numel(), experts, experts + shared, block_m)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (tokens, experts, k, shared)
 
     for tokens, experts, k, hidden, inter, shared_inter in (
         (1, 8, 2, 64, 32, 64), (5, 8, 3, 48, 40, 0), (40, 4, 2, 32, 16, 16),
@@ -104,6 +113,23 @@ CHECKS = textwrap.dedent(
         with torch.no_grad():
             close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights),
                   block(x, weights, indices, shared))
+
+    # DeepSeek-V3 routing without group limits (Kimi's) in one kernel against the router's torch ops
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+    from specdeploy.engine.triton_moe import sigmoid_top_k
+
+    for experts, k, tokens in ((8, 2, 3), (384, 8, 5)):
+        router = GroupLimitedRouter({"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": 16,
+                                     "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5})
+        router.weight.data.normal_()
+        router.e_score_correction_bias.normal_(0, 0.1)
+        x = torch.randn(tokens, 16)
+        with torch.no_grad():
+            want_weights, want = router(x)
+            got_weights, got = sigmoid_top_k(x @ router.weight.t(), router.e_score_correction_bias, k, True, 2.5)
+        (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+        assert torch.equal(got, want), (experts, got, want)
+        close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
     print("ok")
     """
 )

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
@@ -120,14 +121,27 @@ class GroupLimitedRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (weights float32 [N, top_k], expert indices [N, top_k])."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        logits = F.linear(x.float(), self.weight.float())
+        if ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group:
+            from specdeploy.engine.triton_moe import sigmoid_top_k
+
+            return sigmoid_top_k(
+                logits,
+                self.e_score_correction_bias,
+                self.top_k,
+                self.norm_topk_prob,
+                self.routed_scaling_factor,
+            )
+        scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias
-        # A group's score is the sum of its two best experts' scores.
-        group_scores = choice.view(x.shape[0], self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
-        groups = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
-        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
-        allowed = allowed.repeat_interleave(choice.shape[1] // self.n_group, dim=1)
-        indices = choice.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+        if self.topk_group < self.n_group:  # otherwise every group is allowed (Kimi: one group)
+            # A group's score is the sum of its two best experts' scores.
+            group_scores = choice.view(x.shape[0], self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+            groups = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
+            allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+            allowed = allowed.repeat_interleave(choice.shape[1] // self.n_group, dim=1)
+            choice = choice.masked_fill(~allowed, float("-inf"))
+        indices = choice.topk(self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
