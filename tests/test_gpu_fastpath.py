@@ -213,3 +213,57 @@ def test_one_kernel_routing_equals_the_router_ops():
     (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
     assert torch.equal(got, want)
     close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3"])
+def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
+    """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the
+    Triton kernels against the same model with every kernel off: prefill, then a 5-token verify over it."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = load_target(pairs[family][0], "cuda", torch.float32)
+    sequence = torch.tensor([PROMPT + [11, 4, 30, 2, 19]], device="cuda")
+
+    def logits() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = target.new_cache(1, 32)
+        with torch.inference_mode():
+            first = target(sequence[:, :7], torch.arange(7, device="cuda")[None], cache).logits
+            second = target(sequence[:, 7:], torch.arange(7, 12, device="cuda")[None], cache).logits
+        return first, second
+
+    got = logits()
+    ops._triton_kernels.cache_clear()
+    os.environ["SPECDEPLOY_TRITON"] = "0"
+    try:
+        want = logits()
+    finally:
+        os.environ.pop("SPECDEPLOY_TRITON")
+        ops._triton_kernels.cache_clear()
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 65])
+def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
+    from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope
+    from specdeploy.engine.triton_mla import mla_query_entry
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    heads, nope, latent, rope_dim, capacity = 64, 128, 512, 64, 256
+    with torch.device("cuda"):
+        proj = torch.randn(1, tokens, 1536 + latent + rope_dim, generator=gen).bfloat16()
+        q = torch.randn(1, tokens, heads, nope + rope_dim, generator=gen).bfloat16()
+        absorbed = torch.randn(1, tokens, heads, latent, generator=gen).bfloat16()
+        weight = (1 + 0.1 * torch.randn(latent, generator=gen)).bfloat16()
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 5e4}, rope_dim, 4096)(
+            torch.arange(100, 100 + tokens)[None], torch.bfloat16
+        )
+        slots = torch.randperm(capacity, generator=gen)[:tokens]
+        caches = [torch.zeros(capacity, 1, latent + rope_dim, dtype=torch.bfloat16) for _ in range(2)]
+    kv = proj[..., 1536:]
+    got = mla_query_entry(absorbed, q[..., nope:], kv, weight, 1e-6, *rope, slots, caches[0], True)
+    want = torch.cat([absorbed, apply_rope(q[..., nope:], rope, True)], dim=-1)
+    entry = torch.cat([ops.torch_rms_norm(kv[..., :latent], weight, 1e-6)[:, :, None],
+                       apply_rope(kv[..., None, latent:], rope, True)], dim=-1)  # fmt: skip
+    caches[1].index_copy_(0, slots, entry.reshape(tokens, 1, -1))
+    close(got, want)
+    close(caches[0], caches[1])

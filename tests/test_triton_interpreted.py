@@ -114,6 +114,28 @@ CHECKS = textwrap.dedent(
             close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights),
                   block(x, weights, indices, shared))
 
+    # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
+    from specdeploy.engine.models.rope import apply_rope
+    from specdeploy.engine.triton_mla import mla_query_entry
+
+    B, T, H, NOPE, L, R, C = 2, 3, 4, 8, 32, 16, 8
+    for interleaved in (True, False):
+        proj = torch.randn(B, T, H * (NOPE + R) + L + R + 5)  # query | latent | rope key | (another part)
+        q, kv = proj[..., : H * (NOPE + R)].view(B, T, H, NOPE + R), proj[..., H * (NOPE + R) : -5]
+        absorbed, weight = torch.randn(B, T, H, L), 1 + 0.1 * torch.randn(L)
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 1e4}, R, 512)(
+            torch.randint(0, 100, (B, T)), torch.float32
+        )
+        slots = torch.randperm(B * C)[: B * T]
+        caches = [torch.zeros(B * C, 1, L + R) for _ in range(2)]
+        got = mla_query_entry(absorbed, q[..., NOPE:], kv, weight, 1e-6, *rope, slots, caches[0], interleaved)
+        want = torch.cat([absorbed, apply_rope(q[..., NOPE:], rope, interleaved)], dim=-1)
+        entry = torch.cat([ops.torch_rms_norm(kv[..., :L], weight, 1e-6)[:, :, None],
+                           apply_rope(kv[..., None, L:], rope, interleaved)], dim=-1)
+        caches[1].index_copy_(0, slots, entry.reshape(B * T, 1, L + R))
+        close(got, want)
+        close(caches[0], caches[1])
+
     # DeepSeek-V3 routing without group limits (Kimi's) in one kernel against the router's torch ops
     from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
     from specdeploy.engine.triton_moe import sigmoid_top_k

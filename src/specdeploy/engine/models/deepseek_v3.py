@@ -23,6 +23,12 @@ from specdeploy.engine.models.moe import Experts
 from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope, rope_parameters, yarn_mscale
 from specdeploy.errors import SpecdeployError
 
+
+def triton_mla_fits(latent: int, rope: int) -> bool:
+    """Widths the MLA query/entry kernel takes (powers of two, as DeepSeek's and Kimi's 512 and 64)."""
+    return all(n >= 2 and not n & (n - 1) for n in (latent, rope))
+
+
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -90,16 +96,24 @@ class MultiLatentAttention(nn.Module):
         if self.q_lora_rank is not None:
             q = self.q_b_proj(self.q_a_layernorm(q))
         q_nope, q_rot = q.view(b, tokens, self.heads, -1).split([self.nope_dim, self.rope_dim], -1)
-        latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
-        q_rot = apply_rope(q_rot, batch.rope, self.interleaved)
-        k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
-        entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
-        cache.store(self.layer_idx, batch.flat_slots, entry)
-        keys = batch.view(cache.entry(self.layer_idx)[0])
-
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
-        query = torch.cat([torch.einsum("bthn,hnr->bthr", q_nope, key_up), q_rot], dim=-1)
+        absorbed = torch.einsum("bthn,hnr->bthr", q_nope, key_up)
+        if ops.triton_kernels_for(x) is not None and triton_mla_fits(self.kv_lora_rank, self.rope_dim):
+            from specdeploy.engine.triton_mla import mla_query_entry
+
+            norm = self.kv_a_layernorm
+            query = mla_query_entry(
+                absorbed, q_rot, kv, norm.weight, norm.eps, *batch.rope, batch.flat_slots,
+                cache.flat_entry(self.layer_idx)[0], self.interleaved,
+            )  # fmt: skip
+        else:
+            latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
+            k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
+            entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
+            cache.store(self.layer_idx, batch.flat_slots, entry)
+            query = torch.cat([absorbed, apply_rope(q_rot, batch.rope, self.interleaved)], dim=-1)
+        keys = batch.view(cache.entry(self.layer_idx)[0])
         out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale)
         out = torch.einsum("bthr,hvr->bthv", out.view(b, tokens, self.heads, -1), value_up)
         return self.o_proj(out.reshape(b, tokens, -1))
