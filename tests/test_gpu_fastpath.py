@@ -142,8 +142,8 @@ def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
 @pytest.mark.parametrize("tokens", [1, 17, 65, 257, 600, 1000])
 def test_fused_moe_equals_the_grouped_gemm(tokens):
     """384 experts top-8 plus a shared expert (Kimi's routing) at reduced widths, from decode to prefill (1000
-    tokens: 9000 pairs, past the one-program plan): float32 equal to the torch path; bfloat16 no further from a
-    float32 oracle than the torch path is."""
+    tokens: 9000 pairs, past the one-program plan): float32 equal to the torch path up to summation order;
+    bfloat16 no further from a float32 oracle than the torch path is."""
     from specdeploy.engine.models.layers import SwiGLU
     from specdeploy.engine.models.moe import Experts
     from specdeploy.engine.triton_moe import fused_moe
@@ -161,7 +161,7 @@ def test_fused_moe_equals_the_grouped_gemm(tokens):
         oracle = block.grouped(x, weights, indices) + shared(x)  # float32, one expert at a time
         got = fused_moe(x, block.w13, block.w2, weights, indices, shared.gate_up_proj.weight,
                         shared.down_proj.weight)  # fmt: skip
-        close(got, oracle)
+        torch.testing.assert_close(got, oracle, atol=1e-4, rtol=1e-4)  # K = 1024 sums in another order
         block.bfloat16(), shared.bfloat16()
         xb = x.bfloat16()
         torch_bf16 = block.grouped(xb, weights, indices) + shared(xb)

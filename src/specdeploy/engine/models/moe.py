@@ -3,7 +3,7 @@
 Checkpoints name each expert's projections `experts.N.{gate,up,down}_proj.weight`; the module keeps them
 stacked ([experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]) and maps the names both ways (`load_checkpoint_state` loads them),
 so one grouped GEMM per projection serves every expert with no host synchronisation: the step stays
-capturable in a CUDA graph, and experts no token picked are never read. On CUDA the two Triton kernels of
+capturable in a CUDA graph, and experts no token picked are never read. On CUDA the Triton kernels of
 `triton_moe` do it (gate and up in one pass with the activation, the shared experts folded in as one more
 expert); elsewhere torch's grouped GEMM.
 """
