@@ -4,8 +4,10 @@ The DDTree reference (a checkout you point at with --ddtree-repo; never vendored
 and its own DFlashDraftModel, timed with its own generate functions (AR is its dflash_generate with block
 size 1). The same weights are then saved with save_pretrained, loaded by this engine's loaders and timed
 with the engine's decoder (warm-up first: kernels compile, CUDA graphs are captured). Per verify step:
-milliseconds, and ratios against the engine's own AR step, the reference's step, and the HBM roofline
-(weight bytes one AR step must read / the copy bandwidth measured in the same run).
+milliseconds, and ratios against the engine's own AR step, the reference's step, and each mode's own
+roofline (the bytes its step must read: weights, the routed experts its verified tokens touch, caches; over
+the copy bandwidth measured in the same run; `specdeploy.perf.roofline`). For MoE shapes the measured
+fraction of experts a verify touches is printed next to independent routing's 1 - (1 - k/E)^n.
 
     python benchmarks/ddtree_side_by_side.py --ddtree-repo PATH --shape qwen3-8b --out result.json
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
+from specdeploy.perf.roofline import copy_bandwidth, independent_union  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
 
 
@@ -56,40 +59,6 @@ def machine(commit: str | None) -> dict:
         "triton": triton.__version__,
         "specdeploy_commit": commit or run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
     }
-
-
-def copy_bandwidth(gib: int = 4) -> float:
-    """Bytes per second of a device-to-device copy, counting bytes read plus bytes written."""
-    source = torch.empty(gib << 28, dtype=torch.float32, device="cuda").normal_()
-    dest = torch.empty_like(source)
-    for _ in range(3):
-        dest.copy_(source)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dest.copy_(source)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / 10
-    del source, dest
-    torch.cuda.empty_cache()
-    return 2 * (gib << 30) / seconds
-
-
-def ar_weight_bytes(target: torch.nn.Module) -> dict[str, int]:
-    """Bytes of weights an AR step reads: all but the embedding table (one row), routed experts counted
-    in full ('all') and at top_k / n_experts ('active')."""
-    total = active = 0
-    for name, param in target.named_parameters():
-        if name.startswith("embed_tokens") and param is not target.lm_head.weight:
-            continue
-        size = param.numel() * param.element_size()
-        total += size
-        if ".experts." in name:
-            raw = target.config.raw
-            size = size * raw["num_experts_per_tok"] // raw.get("n_routed_experts", raw.get("num_experts", 1))
-        active += size
-    return {"all": total, "active": active}
 
 
 def reference_generate(repo: Path):
@@ -183,7 +152,7 @@ def main() -> None:
     ]
     device = torch.device("cuda")
     result = {
-        "schema": "specdeploy.side_by_side/1",
+        "schema": "specdeploy.side_by_side/2",
         "command": " ".join(sys.argv),
         "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
         "machine": machine(args.commit),
@@ -197,7 +166,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth(device, 4 << 30)  # before the weights take memory
     save()
     torch.manual_seed(0)
     prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
@@ -207,29 +176,39 @@ def main() -> None:
         run_reference(args, shape, modes, prompt, result, save)
         ours = load_target(args.workdir / "target", device, torch.bfloat16)
         our_drafter = load_drafter(args.workdir / "draft", device, torch.bfloat16)
-    weights = ar_weight_bytes(ours)
-    result["ar_weight_bytes"] = weights
-    result["roofline_ms"] = {k: 1e3 * v / result["copy_bandwidth_bytes_per_s"] for k, v in weights.items()}
     for mode, budget in modes:
         key = mode if budget is None else f"{mode}-{budget}"
         profile = profile_decoding(
-            ours, our_drafter if mode != "ar" else None, mode, budget, prompt, args.new_tokens
+            ours,
+            our_drafter if mode != "ar" else None,
+            mode,
+            budget,
+            prompt,
+            args.new_tokens,
+            result["copy_bandwidth_bytes_per_s"],
         )
         result["engine"][key] = profile.as_dict()
-        print(f"engine {key}: {profile.ms_per_step:.2f} ms/step {profile.breakdown_ms}", flush=True)
+        print(
+            f"engine {key}: {profile.ms_per_step:.2f} ms/step, {100 * profile.fraction_of_roofline:.0f}% of its "
+            f"roofline ({profile.roofline_ms:.2f} ms) {profile.breakdown_ms}",
+            flush=True,
+        )
         save()
-    summarize(result)
+    raw = shape.target
+    summarize(result, raw.get("num_experts_per_tok"), raw.get("n_routed_experts", raw.get("num_experts")))
     save()
 
 
-def summarize(result: dict) -> None:
-    """Ratios: each engine step against the engine's AR step and the reference's same mode; AR against the
-    roofline. Printed as a table too."""
+def summarize(result: dict, top_k: int | None, experts: int | None) -> None:
+    """Ratios: each engine step against the engine's AR step, the reference's same mode and its own roofline;
+    for MoE shapes the measured expert union of each mode's verify against independent routing's. Printed
+    as a table too."""
     engine, reference = result["engine"], result["reference"]
     ar = engine["ar"]["ms_per_step"]
     rows = {}
     for key, ours in engine.items():
         theirs = reference.get(key, {}).get("ms_per_step")
+        tokens = ours["verify_tokens"]
         rows[key] = {
             "engine_ms": ours["ms_per_step"],
             "reference_ms": theirs,
@@ -237,20 +216,27 @@ def summarize(result: dict) -> None:
             "speedup_vs_reference": theirs / ours["ms_per_step"] if theirs else None,
             "host_ms": ours["breakdown_ms"]["host"],
             "tree_ms": ours["breakdown_ms"]["tree"],
+            "roofline_ms": ours["roofline_ms"],
+            "fraction_of_roofline": ours["fraction_of_roofline"],
+            "verify_tokens": tokens,
+            "expert_union": ours["expert_union"],
+            "independent_union": independent_union(top_k, experts, tokens) if experts else None,
         }
-    result["summary"] = {
-        "rows": rows,
-        "ar_fraction_of_roofline": {k: v / ar for k, v in result["roofline_ms"].items()},
-    }
-    print(f"{'mode':<12}{'engine ms':>10}{'ref ms':>9}{'x AR':>7}{'vs ref':>8}{'host ms':>9}")
+    result["summary"] = {"rows": rows}
+    print(
+        f"{'mode':<12}{'engine ms':>10}{'ref ms':>9}{'x AR':>7}{'vs ref':>8}{'host ms':>9}"
+        f"{'roof ms':>9}{'% roof':>8}{'experts':>9}{'1-(1-k/E)^n':>13}"
+    )
     for key, row in rows.items():
         ref = f"{row['reference_ms']:.1f}" if row["reference_ms"] else "-"
         speed = f"{row['speedup_vs_reference']:.1f}x" if row["speedup_vs_reference"] else "-"
+        union = f"{100 * row['expert_union']:.1f}%" if row["expert_union"] is not None else "-"
+        formula = f"{100 * row['independent_union']:.1f}%" if row["independent_union"] is not None else "-"
         print(
-            f"{key:<12}{row['engine_ms']:>10.2f}{ref:>9}{row['vs_engine_ar']:>7.2f}{speed:>8}{row['host_ms']:>9.3f}"
+            f"{key:<12}{row['engine_ms']:>10.2f}{ref:>9}{row['vs_engine_ar']:>7.2f}{speed:>8}"
+            f"{row['host_ms']:>9.3f}{row['roofline_ms']:>9.2f}{100 * row['fraction_of_roofline']:>7.0f}%"
+            f"{union:>9}{formula:>13}"
         )
-    for k, v in result["summary"]["ar_fraction_of_roofline"].items():
-        print(f"AR at {100 * v:.0f}% of the roofline ({k} weights: {result['roofline_ms'][k]:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -137,3 +137,133 @@ def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
         os.environ.pop("SPECDEPLOY_TRITON")
         ops._triton_kernels.cache_clear()
     close(got, want)
+
+
+@pytest.mark.parametrize("tokens", [1, 17, 65, 257, 600, 1000])
+def test_fused_moe_equals_the_grouped_gemm(tokens):
+    """384 experts top-8 plus a shared expert (Kimi's routing) at reduced widths, from decode to prefill (1000
+    tokens: 9000 pairs, past the one-program plan): float32 equal to the torch path up to summation order;
+    bfloat16 no further from a float32 oracle than the torch path is."""
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.models.moe import Experts
+    from specdeploy.engine.triton_moe import fused_moe
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, k, hidden, inter = 384, 8, 1024, 256
+    with torch.device("cuda"), torch.no_grad():
+        block, shared = Experts(experts, hidden, inter), SwiGLU(hidden, inter)
+        for param in (block.w13, block.w2, shared.gate_up_proj.weight, shared.down_proj.weight):
+            param.normal_(0.0, 0.05, generator=gen)
+        x = torch.randn(tokens, hidden, generator=gen)
+        weights = torch.rand(tokens, k, generator=gen)
+        indices = torch.rand(tokens, experts, generator=gen).topk(k, dim=-1).indices
+        oracle = block.grouped(x, weights, indices) + shared(x)  # float32, one expert at a time
+        got = fused_moe(x, block.w13, block.w2, weights, indices, shared.gate_up_proj.weight,
+                        shared.down_proj.weight)  # fmt: skip
+        torch.testing.assert_close(got, oracle, atol=1e-4, rtol=1e-4)  # K = 1024 sums in another order
+        block.bfloat16(), shared.bfloat16()
+        xb = x.bfloat16()
+        torch_bf16 = block.grouped(xb, weights, indices) + shared(xb)
+        got = fused_moe(xb, block.w13, block.w2, weights, indices, shared.gate_up_proj.weight,
+                        shared.down_proj.weight)  # fmt: skip
+    ours, theirs = (got.float() - oracle).abs().max(), (torch_bf16.float() - oracle).abs().max()
+    assert ours <= 1.5 * theirs + 1e-3, (ours.item(), theirs.item())
+
+
+@pytest.mark.parametrize(("tokens", "experts", "k", "shared"), [(1, 384, 8, 1), (257, 384, 8, 1), (900, 64, 8, 1),
+                                                             (65, 128, 8, 0)])  # fmt: skip
+def test_kernel_block_plan_equals_the_torch_plan(tokens, experts, k, shared):
+    from specdeploy.engine.triton_moe import block_plan, kernel_plan
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    indices = torch.rand(tokens, experts, device="cuda", generator=gen).topk(k, dim=-1).indices
+    picks = torch.cat([indices.flatten(), torch.full((tokens * shared,), experts, device="cuda")])
+    for block_m in (16, 64):
+        want = block_plan(picks, experts + shared, block_m)
+        got = kernel_plan(indices, picks.numel(), experts, experts + shared, block_m)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), block_m
+
+
+def test_one_kernel_routing_equals_the_router_ops():
+    """Kimi's routing (384 experts top-8, one group) on the GPU: the same experts and weights as the torch ops."""
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    config = {
+        "n_routed_experts": 384,
+        "num_experts_per_tok": 8,
+        "hidden_size": 256,
+        "n_group": 1,
+        "topk_group": 1,
+    }
+    with torch.device("cuda"), torch.no_grad():
+        router = GroupLimitedRouter({**config, "routed_scaling_factor": 2.827})
+        router.weight.normal_(generator=gen)
+        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        x = torch.randn(300, 256, generator=gen)
+        got_weights, got = router(x)  # the kernel
+        ops._triton_kernels.cache_clear()
+        os.environ["SPECDEPLOY_TRITON"] = "0"
+        try:
+            want_weights, want = router(x)
+        finally:
+            os.environ.pop("SPECDEPLOY_TRITON")
+            ops._triton_kernels.cache_clear()
+    (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+    assert torch.equal(got, want)
+    close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3"])
+def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
+    """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the
+    Triton kernels against the same model with every kernel off: prefill, then a 5-token verify over it."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = load_target(pairs[family][0], "cuda", torch.float32)
+    sequence = torch.tensor([PROMPT + [11, 4, 30, 2, 19]], device="cuda")
+
+    def logits() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = target.new_cache(1, 32)
+        with torch.inference_mode():
+            first = target(sequence[:, :7], torch.arange(7, device="cuda")[None], cache).logits
+            second = target(sequence[:, 7:], torch.arange(7, 12, device="cuda")[None], cache).logits
+        return first, second
+
+    got = logits()
+    ops._triton_kernels.cache_clear()
+    os.environ["SPECDEPLOY_TRITON"] = "0"
+    try:
+        want = logits()
+    finally:
+        os.environ.pop("SPECDEPLOY_TRITON")
+        ops._triton_kernels.cache_clear()
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 65])
+def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
+    from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope
+    from specdeploy.engine.triton_mla import mla_query_entry
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    heads, nope, latent, rope_dim, capacity = 64, 128, 512, 64, 256
+    with torch.device("cuda"):
+        proj = torch.randn(1, tokens, 1536 + latent + rope_dim, generator=gen).bfloat16()
+        q = torch.randn(1, tokens, heads, nope + rope_dim, generator=gen).bfloat16()
+        absorbed = torch.randn(1, tokens, heads, latent, generator=gen).bfloat16()
+        weight = (1 + 0.1 * torch.randn(latent, generator=gen)).bfloat16()
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 5e4}, rope_dim, 4096)(
+            torch.arange(100, 100 + tokens)[None], torch.bfloat16
+        )
+        slots = torch.randperm(capacity, generator=gen)[:tokens]
+        caches = [torch.zeros(capacity, 1, latent + rope_dim, dtype=torch.bfloat16) for _ in range(2)]
+    kv = proj[..., 1536:]
+    got = mla_query_entry(absorbed, q[..., nope:], kv, weight, 1e-6, *rope, slots, caches[0], True)
+    want = torch.cat([absorbed, apply_rope(q[..., nope:], rope, True)], dim=-1)
+    entry = torch.cat([ops.torch_rms_norm(kv[..., :latent], weight, 1e-6)[:, :, None],
+                       apply_rope(kv[..., None, latent:], rope, True)], dim=-1)  # fmt: skip
+    caches[1].index_copy_(0, slots, entry.reshape(tokens, 1, -1))
+    close(got, want)
+    close(caches[0], caches[1])

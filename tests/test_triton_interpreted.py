@@ -84,6 +84,74 @@ CHECKS = textwrap.dedent(
         batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(b, tokens, dtype=torch.long),
                              visible, window + 64)
         close(tk.masked_attention(q, keys, values, visible, 0.1), attend_folded(q, keys, values, batch, 0.1))
+
+    # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
+    # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.models.moe import Experts
+    from specdeploy.engine.triton_moe import block_plan, fused_moe, kernel_plan
+
+    # the one-program block plan equals the torch one (with and without a shared expert, 16- and 64-row blocks)
+    for tokens, experts, k, shared, block_m in ((1, 8, 2, 1, 16), (17, 384, 8, 1, 16), (300, 16, 4, 0, 16),
+                                                (40, 4, 2, 1, 64)):
+        indices = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+        picks = torch.cat([indices.flatten(), torch.full((tokens * shared,), experts)])
+        want = block_plan(picks, experts + shared, block_m)
+        got = kernel_plan(indices, picks.numel(), experts, experts + shared, block_m)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (tokens, experts, k, shared)
+
+    for tokens, experts, k, hidden, inter, shared_inter in (
+        (1, 8, 2, 64, 32, 64), (5, 8, 3, 48, 40, 0), (40, 4, 2, 32, 16, 16),
+    ):
+        block = Experts(experts, hidden, inter)
+        block.w13.data.normal_(0, 0.2)
+        block.w2.data.normal_(0, 0.2)
+        shared = SwiGLU(hidden, shared_inter) if shared_inter else None
+        x, weights = torch.randn(tokens, hidden), torch.rand(tokens, k)
+        indices = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+        shared_weights = (shared.gate_up_proj.weight, shared.down_proj.weight) if shared else ()
+        with torch.no_grad():
+            close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights),
+                  block(x, weights, indices, shared))
+
+    # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
+    from specdeploy.engine.models.rope import apply_rope
+    from specdeploy.engine.triton_mla import mla_query_entry
+
+    B, T, H, NOPE, L, R, C = 2, 3, 4, 8, 32, 16, 8
+    for interleaved in (True, False):
+        proj = torch.randn(B, T, H * (NOPE + R) + L + R + 5)  # query | latent | rope key | (another part)
+        q, kv = proj[..., : H * (NOPE + R)].view(B, T, H, NOPE + R), proj[..., H * (NOPE + R) : -5]
+        absorbed, weight = torch.randn(B, T, H, L), 1 + 0.1 * torch.randn(L)
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 1e4}, R, 512)(
+            torch.randint(0, 100, (B, T)), torch.float32
+        )
+        slots = torch.randperm(B * C)[: B * T]
+        caches = [torch.zeros(B * C, 1, L + R) for _ in range(2)]
+        got = mla_query_entry(absorbed, q[..., NOPE:], kv, weight, 1e-6, *rope, slots, caches[0], interleaved)
+        want = torch.cat([absorbed, apply_rope(q[..., NOPE:], rope, interleaved)], dim=-1)
+        entry = torch.cat([ops.torch_rms_norm(kv[..., :L], weight, 1e-6)[:, :, None],
+                           apply_rope(kv[..., None, L:], rope, interleaved)], dim=-1)
+        caches[1].index_copy_(0, slots, entry.reshape(B * T, 1, L + R))
+        close(got, want)
+        close(caches[0], caches[1])
+
+    # DeepSeek-V3 routing without group limits (Kimi's) in one kernel against the router's torch ops
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+    from specdeploy.engine.triton_moe import sigmoid_top_k
+
+    for experts, k, tokens in ((8, 2, 3), (384, 8, 5)):
+        router = GroupLimitedRouter({"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": 16,
+                                     "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5})
+        router.weight.data.normal_()
+        router.e_score_correction_bias.normal_(0, 0.1)
+        x = torch.randn(tokens, 16)
+        with torch.no_grad():
+            want_weights, want = router(x)
+            got_weights, got = sigmoid_top_k(x @ router.weight.t(), router.e_score_correction_bias, k, True, 2.5)
+        (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+        assert torch.equal(got, want), (experts, got, want)
+        close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
     print("ok")
     """
 )

@@ -24,7 +24,7 @@ def profile(
     random_shape: Annotated[
         str | None,
         typer.Option(
-            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b."
+            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b, kimi-like."
         ),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
@@ -35,7 +35,9 @@ def profile(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Decode a random prompt in one mode and print tokens/s, ms per step and the step's breakdown
-    (draft, tree, verify, commit on the device; host: the rest of the step's wall time)."""
+    (draft, tree, verify, commit on the device; host: the rest of the step's wall time), the bytes a step
+    must read (weights, the routed experts its tokens touch, caches) and that roofline at the copy
+    bandwidth measured in the same run."""
     from specdeploy.engine.runtime import load_engine, resolve_device, resolve_dtype, set_cpu_threads
     from specdeploy.perf.profile import profile_decoding, random_prompt
 
@@ -77,13 +79,24 @@ def profile(
         f"{result.ms_per_step:.2f} ms/step, tau {result.tau:.2f} over {result.steps} steps"
     )
     typer.echo("per step: " + ", ".join(f"{k} {v:.3f} ms" for k, v in result.breakdown_ms.items()))
+    read = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in result.bytes_per_step.items())
+    union = ""
+    if result.expert_union is not None:
+        union = f"; its {result.verify_tokens} tokens touch {100 * result.expert_union:.1f}% of the routed experts"
+    typer.echo(f"bytes read per step: {read}{union}")
+    typer.echo(
+        f"roofline {result.roofline_ms:.2f} ms at {result.copy_bandwidth_bytes_per_s / 1e9:.0f} GB/s "
+        f"(copy, measured now): the step runs at {100 * result.fraction_of_roofline:.0f}% of it"
+    )
     for stage, reason in result.eager_stages.items():
         typer.echo(f"stage {stage} ran eagerly: {reason}")
 
 
 def random_weights(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write target/ and draft/ into.")],
-    shape: Annotated[str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b.")] = "qwen3-8b",
+    shape: Annotated[
+        str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b, kimi-like.")
+    ] = "qwen3-8b",
     device: Annotated[str, typer.Option(help="Where the weights are drawn: cpu or cuda (faster).")] = "cpu",
     seed: Annotated[int, typer.Option(help="Same seed, same weights.")] = 0,
 ) -> None:

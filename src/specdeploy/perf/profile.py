@@ -2,7 +2,9 @@
 
 A warm-up request first compiles kernels and captures the step's CUDA graphs; then a clean request gives
 tokens/s and ms per step, and an instrumented one (device events around each stage, read after the step's
-own synchronisation, so the host still runs ahead) gives the per-stage breakdown.
+own synchronisation, so the host still runs ahead) gives the per-stage breakdown. The step's roofline is
+the bytes it must read (`roofline.step_bytes`, routed experts at the union its verify touches, measured on
+the prompt) over the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.step import StageTimes
+from specdeploy.perf.roofline import copy_bandwidth, expert_union, step_bytes, verify_tokens
 
 
 @dataclass
@@ -30,6 +33,12 @@ class ProfileResult:
     ms_per_step: float
     breakdown_ms: dict[str, float]  # per step: draft, tree, verify, commit, host
     eager_stages: dict[str, str]  # stages that could not be captured as CUDA graphs, and why
+    verify_tokens: int  # tokens the target runs per step
+    expert_union: float | None  # measured fraction of routed experts those tokens touch (None: dense)
+    bytes_per_step: dict[str, int]  # what a step must read, by kind (roofline.step_bytes), and the total
+    copy_bandwidth_bytes_per_s: float  # device copy, bytes read + written per second, measured in this run
+    roofline_ms: float  # bytes_per_step["total"] at that bandwidth
+    fraction_of_roofline: float  # roofline_ms / ms_per_step
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,7 +62,9 @@ def profile_decoding(
     budget: int | None,
     prompt_ids: list[int],
     new_tokens: int,
+    bandwidth: float | None = None,
 ) -> ProfileResult:
+    """Profile one mode; `bandwidth` (bytes/s) is measured here unless the caller measured it already."""
     decoder = Decoder(target, drafter, mode, budget)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     decoder.generate(prompt_ids, params)  # warm-up: kernels compile, graphs are captured
@@ -65,6 +76,14 @@ def profile_decoding(
     finally:
         decoder.runner.timer = None
     weight = target.embed_tokens.weight
+    if bandwidth is None:
+        bandwidth = copy_bandwidth(weight.device)
+    tokens = verify_tokens(mode, budget, getattr(drafter, "block_size", None))
+    union = expert_union(target, prompt_ids, [tokens]).get(tokens)
+    # the mean committed context over the request's decoding steps
+    needed = step_bytes(target, drafter, tokens, len(prompt_ids) + len(result.token_ids) // 2, union)
+    ms_per_step = 1e3 * result.decode_s / max(result.num_steps, 1)
+    roofline_ms = 1e3 * needed["total"] / bandwidth
     return ProfileResult(
         mode=mode,
         budget=budget,
@@ -75,7 +94,13 @@ def profile_decoding(
         steps=result.num_steps,
         tau=result.tau,
         tokens_per_s=(len(result.token_ids) - 1) / result.decode_s if result.decode_s > 0 else 0.0,
-        ms_per_step=1e3 * result.decode_s / max(result.num_steps, 1),
+        ms_per_step=ms_per_step,
         breakdown_ms=breakdown,
         eager_stages={str(k): v for k, v in decoder.runner.graphs.eager_reasons.items()},
+        verify_tokens=tokens,
+        expert_union=union,
+        bytes_per_step=needed,
+        copy_bandwidth_bytes_per_s=bandwidth,
+        roofline_ms=roofline_ms,
+        fraction_of_roofline=roofline_ms / ms_per_step if ms_per_step > 0 else 0.0,
     )

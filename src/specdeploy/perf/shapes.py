@@ -83,6 +83,57 @@ MLA_MOE_16B = {
 }
 
 
+# Kimi K2.6's text model (DeepSeek-V3 architecture) at Kimi K2's config.json dimensions as recorded here (hidden,
+# MLA ranks, 384 experts, vocab and context agree with the recipe; the rest is not checked against K2.6's
+# config.json), cut to the layers one 141 GB H200 holds in bf16: Kimi's dense first layer
+# and 3 MoE layers of 384 experts (33.8 GB each) are 108 GB with the embedding and LM head; a fourth MoE layer
+# (142 GB) would not fit beside the drafter. The drafter is z-lab/Kimi-K2.6-DFlash's shape (6 layers, 64/8
+# heads, block 8, 3.5B parameters); with 4 target layers its context layers all read layer 1.
+KIMI_LIKE = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 163840,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "n_routed_experts": 384,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.827,
+    "norm_topk_prob": True,
+    "scoring_func": "sigmoid",
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 64.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 0,
+    "bos_token_id": 163584,
+    "eos_token_id": 163585,
+}
+
+
 def _drafter(target: dict[str, Any], layers: int, heads: int, kv_heads: int, inter: int, block: int) -> dict:
     return new_drafter_config(
         hidden_size=target["hidden_size"],
@@ -116,6 +167,15 @@ SHAPES = {
             "Moonlight-16B-A3B's dimensions as recorded in this file; drafter of 4 layers (Kimi-style block 8)",
             MLA_MOE_16B,
             _drafter(MLA_MOE_16B, layers=4, heads=16, kv_heads=4, inter=8192, block=8),
+        ),
+        Shape(
+            "kimi-like",
+            "Kimi K2.6's dimensions (MLA, 384 routed experts top-8 + 1 shared) in 4 layers (1 dense + 3 MoE), "
+            "Kimi-K2.6-DFlash-shaped drafter",
+            "Kimi K2.6 / K2 config.json dimensions and z-lab/Kimi-K2.6-DFlash's (DOMAIN.md); layers cut to fit "
+            "one H200 in bf16",
+            KIMI_LIKE,
+            _drafter(KIMI_LIKE, layers=6, heads=64, kv_heads=8, inter=18432, block=8),
         ),
     )
 }

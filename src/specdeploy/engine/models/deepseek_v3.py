@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
@@ -21,6 +22,12 @@ from specdeploy.engine.models.layers import DecoderLayer, MergedLinear, RMSNorm,
 from specdeploy.engine.models.moe import Experts
 from specdeploy.engine.models.rope import RotaryEmbedding, apply_rope, rope_parameters, yarn_mscale
 from specdeploy.errors import SpecdeployError
+
+
+def triton_mla_fits(latent: int, rope: int) -> bool:
+    """Widths the MLA query/entry kernel takes (powers of two, as DeepSeek's and Kimi's 512 and 64)."""
+    return all(n >= 2 and not n & (n - 1) for n in (latent, rope))
+
 
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -89,16 +96,24 @@ class MultiLatentAttention(nn.Module):
         if self.q_lora_rank is not None:
             q = self.q_b_proj(self.q_a_layernorm(q))
         q_nope, q_rot = q.view(b, tokens, self.heads, -1).split([self.nope_dim, self.rope_dim], -1)
-        latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
-        q_rot = apply_rope(q_rot, batch.rope, self.interleaved)
-        k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
-        entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
-        cache.store(self.layer_idx, batch.flat_slots, entry)
-        keys = batch.view(cache.entry(self.layer_idx)[0])
-
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
-        query = torch.cat([torch.einsum("bthn,hnr->bthr", q_nope, key_up), q_rot], dim=-1)
+        absorbed = torch.einsum("bthn,hnr->bthr", q_nope, key_up)
+        if ops.triton_kernels_for(x) is not None and triton_mla_fits(self.kv_lora_rank, self.rope_dim):
+            from specdeploy.engine.triton_mla import mla_query_entry
+
+            norm = self.kv_a_layernorm
+            query = mla_query_entry(
+                absorbed, q_rot, kv, norm.weight, norm.eps, *batch.rope, batch.flat_slots,
+                cache.flat_entry(self.layer_idx)[0], self.interleaved,
+            )  # fmt: skip
+        else:
+            latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
+            k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
+            entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
+            cache.store(self.layer_idx, batch.flat_slots, entry)
+            query = torch.cat([absorbed, apply_rope(q_rot, batch.rope, self.interleaved)], dim=-1)
+        keys = batch.view(cache.entry(self.layer_idx)[0])
         out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale)
         out = torch.einsum("bthr,hvr->bthv", out.view(b, tokens, self.heads, -1), value_up)
         return self.o_proj(out.reshape(b, tokens, -1))
@@ -120,14 +135,27 @@ class GroupLimitedRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (weights float32 [N, top_k], expert indices [N, top_k])."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        logits = F.linear(x.float(), self.weight.float())
+        if ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group:
+            from specdeploy.engine.triton_moe import sigmoid_top_k
+
+            return sigmoid_top_k(
+                logits,
+                self.e_score_correction_bias,
+                self.top_k,
+                self.norm_topk_prob,
+                self.routed_scaling_factor,
+            )
+        scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias
-        # A group's score is the sum of its two best experts' scores.
-        group_scores = choice.view(x.shape[0], self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
-        groups = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
-        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
-        allowed = allowed.repeat_interleave(choice.shape[1] // self.n_group, dim=1)
-        indices = choice.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+        if self.topk_group < self.n_group:  # otherwise every group is allowed (Kimi: one group)
+            # A group's score is the sum of its two best experts' scores.
+            group_scores = choice.view(x.shape[0], self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+            groups = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
+            allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+            allowed = allowed.repeat_interleave(choice.shape[1] // self.n_group, dim=1)
+            choice = choice.masked_fill(~allowed, float("-inf"))
+        indices = choice.topk(self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -146,7 +174,7 @@ class DeepseekV3MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, indices = self.gate(flat)
-        return self.experts(flat, weights, indices).view_as(x) + self.shared_experts(x)
+        return self.experts(flat, weights, indices, self.shared_experts).view_as(x)
 
 
 class DeepseekV3ForCausalLM(TargetModel):

@@ -3,7 +3,9 @@
 Checkpoints name each expert's projections `experts.N.{gate,up,down}_proj.weight`; the module keeps them
 stacked ([experts, 2 * intermediate, hidden] and [experts, hidden, intermediate]) and maps the names both ways (`load_checkpoint_state` loads them),
 so one grouped GEMM per projection serves every expert with no host synchronisation: the step stays
-capturable in a CUDA graph, and experts no token picked are never read.
+capturable in a CUDA graph, and experts no token picked are never read. On CUDA the Triton kernels of
+`triton_moe` do it (gate and up in one pass with the activation, the shared experts folded in as one more
+expert); elsewhere torch's grouped GEMM.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from specdeploy.engine import ops
+from specdeploy.engine.models.layers import SwiGLU
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -48,8 +51,24 @@ class Experts(nn.Module):
             state_dict[prefix + "w13"] = torch.stack(gate_up)
             state_dict[prefix + "w2"] = torch.stack([state_dict.pop(k) for k in keys["down_proj"]])
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's chosen experts of weight * expert(token): x [N, H], weights/indices [N, k]."""
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, shared: SwiGLU | None = None
+    ) -> torch.Tensor:
+        """Sum over each token's chosen experts of weight * expert(token), plus shared(token) when given:
+        x [N, H], weights/indices [N, k]."""
+        if ops.triton_kernels_for(x) is not None:
+            from specdeploy.engine.triton_moe import fused_moe
+
+            if shared is None:
+                return fused_moe(x, self.w13, self.w2, weights, indices)
+            return fused_moe(
+                x, self.w13, self.w2, weights, indices, shared.gate_up_proj.weight, shared.down_proj.weight
+            )
+        routed = self.grouped(x, weights, indices)
+        return routed if shared is None else routed + shared(x)
+
+    def grouped(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The routed experts with torch's grouped GEMM (per expert where it does not run)."""
         picks = indices.flatten()
         order = torch.argsort(picks, stable=True)
         token = order // indices.shape[1]

@@ -1,0 +1,154 @@
+"""One H200, under 8 minutes: the MoE/MLA kernels' CUDA tests, then each shape's step cost against its roofline.
+
+1. `pytest -m gpu` on the fused-MoE and fast-path tests and the GPU decoding tests (deepseek_v3 and qwen3_moe
+   fp32 greedy equality with CUDA graphs, bf16 near-tie equality): log and a JSON verdict.
+2. `ddtree_side_by_side.py --engine-only` for mla-moe-16b and kimi-like (ar, dflash, ddtree 16/64/256): ms per
+   step, % of each mode's own roofline, measured expert union next to 1-(1-k/E)^n.
+3. The same for the dense qwen3-8b shape (ar, dflash, ddtree 16/64), each mode against the committed H200
+   results (a regression is a step more than 3% slower).
+
+Every stage runs in its own process under a time limit carved from the total, and writes its JSON as it
+goes, so a stage cut short keeps what it measured. Run from the repository root:
+
+    PYTHONPATH=src OUT=/some/dir python benchmarks/gpu_kimi_roofline.py [--commit HASH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+# committed batch-1 qwen3-8b step costs (same command, same 512/128 tokens): newest first
+QWEN3_BASELINES = [
+    RESULTS / "h200-2026-12-03" / "engine_qwen3-8b_e1ce3fa.json",
+    RESULTS / "h200-2026-12-02" / "engine_qwen3-8b_18d0ea0.json",
+]
+TESTS = ["tests/test_gpu_fastpath.py", "tests/test_decode_gpu.py"]
+STAGES = [  # (shape, modes, seconds at most)
+    ("mla-moe-16b", "ar,dflash,ddtree-16,ddtree-64,ddtree-256", 110),
+    ("kimi-like", "ar,dflash,ddtree-16,ddtree-64,ddtree-256", 150),
+    ("qwen3-8b", "ar,dflash,ddtree-16,ddtree-64", 80),
+]
+TOTAL_S = 470  # the whole run, under 8 minutes
+
+
+def commit_of(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        return done.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
+    """Run `command` with output to `log`, killed after `limit` seconds: (return code, seconds)."""
+    started = time.monotonic()
+    with log.open("w") as out:
+        try:
+            code = subprocess.run(
+                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=limit
+            ).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\n[killed after {limit:.0f} s]\n")
+            code = 124
+    return code, time.monotonic() - started
+
+
+def qwen3_regressions(measured: dict) -> dict:
+    """Each measured mode against its newest committed value: ratio and whether it is within 3%."""
+    committed: dict[str, tuple[float, str]] = {}
+    for path in reversed(QWEN3_BASELINES):  # newer files override older ones
+        if path.exists():
+            for key, row in json.loads(path.read_text())["engine"].items():
+                committed[key] = (row["ms_per_step"], path.name)
+    out = {}
+    for key, row in measured.get("engine", {}).items():
+        if key in committed:
+            before, source = committed[key]
+            ratio = row["ms_per_step"] / before
+            out[key] = {
+                "ms": row["ms_per_step"],
+                "committed_ms": before,
+                "committed_file": source,
+                "ratio": ratio,
+                "within_3_percent": ratio <= 1.03,
+            }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--commit", help="the specdeploy commit measured (default: git rev-parse --short HEAD)"
+    )
+    parser.add_argument("--skip-tests", action="store_true", help="measure only")
+    args = parser.parse_args()
+    if "OUT" not in os.environ:
+        parser.error("set OUT to the directory for the results")
+    out = Path(os.environ["OUT"])
+    out.mkdir(parents=True, exist_ok=True)
+    commit = commit_of(args.commit)
+    deadline = time.monotonic() + TOTAL_S
+    summary: dict = {"schema": "specdeploy.gpu_kimi_roofline/1", "commit": commit, "stages": {}}
+    summary_path = out / f"kimi_roofline_summary_{commit}.json"
+
+    def save() -> None:
+        summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+
+    if not args.skip_tests:
+        log = out / f"gpu_tests_{commit}.log"
+        pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *TESTS]
+        code, seconds = run(pytest, log, min(120, deadline - time.monotonic()))
+        last = [line for line in log.read_text().splitlines() if line.strip()][-1:]
+        summary["stages"]["gpu_tests"] = {
+            "returncode": code,
+            "seconds": seconds,
+            "result": last,
+            "log": log.name,
+        }
+        print(f"gpu tests: rc {code} in {seconds:.0f} s: {last}", flush=True)
+        save()
+    for shape, modes, cap in STAGES:
+        left = deadline - time.monotonic()
+        if left < 30:
+            summary["stages"][shape] = {"skipped": f"{left:.0f} s left of the run's {TOTAL_S} s"}
+            save()
+            continue
+        result = out / f"engine_{shape}_{commit}.json"
+        command = [sys.executable, "benchmarks/ddtree_side_by_side.py", "--engine-only", "--shape", shape,
+                   "--modes", modes, "--commit", commit, "--out", str(result)]  # fmt: skip
+        code, seconds = run(command, out / f"engine_{shape}_{commit}.log", min(cap, left))
+        stage = {"returncode": code, "seconds": seconds, "json": result.name}
+        if result.exists():
+            measured = json.loads(result.read_text())
+            stage["rows"] = measured.get("summary", {}).get("rows") or {
+                key: {
+                    k: row.get(k)
+                    for k in ("ms_per_step", "roofline_ms", "fraction_of_roofline", "expert_union")
+                }
+                for key, row in measured.get("engine", {}).items()
+            }
+            if shape == "qwen3-8b":
+                stage["against_committed"] = qwen3_regressions(measured)
+        summary["stages"][shape] = stage
+        print(f"{shape}: rc {code} in {seconds:.0f} s", flush=True)
+        print((out / f"engine_{shape}_{commit}.log").read_text()[-3000:], flush=True)
+        save()
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The routed experts (and the shared ones) of an MoE layer as two grouped GEMM kernels on CUDA.
+
+Each token's (token, expert) pairs are sorted by expert and each expert's run of pairs is padded to whole
+row blocks, so a program of the first kernel multiplies one block of rows by one column tile of one
+expert's fused gate|up weight (SiLU(gate) * up applied before the store), and a program of the second one
+block by one tile of its down weight, scaled by the routing weight; a last kernel sums each token's pairs.
+An expert's weights are thus read once per step for all of its tokens (when they fit one block, as in decode
+and tree verify), and experts no token picked are never read. Shared experts are one more expert every
+token picks with weight 1, read from their own tensors. Pairs are numbered routed first (token * k + slot),
+then one shared pair per token (N * k + token). Everything stays on the device (the block plan is one
+program sorting the pairs, or torch ops of fixed shapes for large prefills), so the step remains capturable
+in a CUDA graph.
+
+Rounding follows the torch path in `moe.Experts` (projection outputs, SiLU and the weighted product round
+to the model dtype); the sum over a token's experts runs in float32 and rounds once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [N, H] tokens
+    w13_ptr,  # [E, 2I, H] routed experts' gate|up
+    shared13_ptr,  # [2Is, H] shared experts' gate|up (unused without)
+    sorted_ptr,  # [BLOCKS * BM] pair index in expert order; >= pairs marks padding
+    block_expert_ptr,  # [BLOCKS] expert of each row block; >= experts (+1 with shared) marks unused blocks
+    out_ptr,  # [BLOCKS * BM, max(I, Is)] SiLU(gate) * up of each sorted row
+    pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= total_experts:
+        return
+    if expert < num_experts:
+        w = w13_ptr + expert.to(tl.int64) * stride_we
+        width = inter
+    else:
+        w = shared13_ptr
+        width = shared_inter
+    col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if tl.program_id(1) * BLOCK_N >= width:
+        return
+    dtype = out_ptr.dtype.element_ty
+    slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slot)
+    row_ok = pair < pairs
+    token = tl.where(pair < routed_pairs, pair // top_k, pair - routed_pairs)
+    token = tl.where(row_ok, token, 0).to(tl.int64)
+    col_ok = col < width
+    gate_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < hidden
+        a = tl.load(
+            x_ptr + token[:, None] * hidden + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        gate_w = tl.load(w + col[None, :].to(tl.int64) * hidden + kk[:, None], mask=w_mask, other=0.0)
+        up_w = tl.load(w + (width + col[None, :]).to(tl.int64) * hidden + kk[:, None], mask=w_mask, other=0.0)
+        if IEEE:
+            gate_acc += tl.dot(a, gate_w, input_precision="ieee")
+            up_acc += tl.dot(a, up_w, input_precision="ieee")
+        else:
+            gate_acc += tl.dot(a, gate_w)
+            up_acc += tl.dot(a, up_w)
+    gate = _round(gate_acc, dtype)
+    silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    hidden_act = silu * _round(up_acc, dtype)
+    out = out_ptr + slot[:, None].to(tl.int64) * stride_out + col[None, :]
+    tl.store(out, hidden_act.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr,  # [BLOCKS * BM, max(I, Is)] the first kernel's output
+    w2_ptr,  # [E, H, I] routed experts' down
+    shared2_ptr,  # [H, Is] shared experts' down
+    sorted_ptr,
+    block_expert_ptr,
+    weight_ptr,  # [N, k] routing weight of each routed pair (shared pairs weigh 1)
+    out_ptr,  # [pairs, H] float32: each pair's weighted expert output
+    pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_act,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= total_experts:
+        return
+    if expert < num_experts:
+        w = w2_ptr + expert.to(tl.int64) * stride_we
+        width = inter
+    else:
+        w = shared2_ptr
+        width = shared_inter
+    slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + slot)
+    row_ok = pair < pairs
+    col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < hidden
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < width
+        a = tl.load(
+            act_ptr + slot[:, None].to(tl.int64) * stride_act + kk[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            w + col[None, :].to(tl.int64) * width + kk[:, None],
+            mask=k_ok[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        if IEEE:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
+    dtype = act_ptr.dtype.element_ty  # the model dtype
+    scale = tl.load(weight_ptr + pair, mask=pair < routed_pairs, other=1.0).to(tl.float32)
+    result = _round(_round(acc, dtype) * scale[:, None], dtype)
+    out = out_ptr + pair[:, None].to(tl.int64) * hidden + col[None, :]
+    tl.store(out, result, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _plan_kernel(
+    indices_ptr,  # [N * k] routed experts of each routed pair
+    scratch_ptr,  # [2 * PB] int32
+    sorted_ptr,  # [BLOCKS * BM] out
+    block_expert_ptr,  # [BLOCKS] out
+    routed_pairs, pairs, num_experts, total_experts, slots, blocks,
+    PB: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    i = tl.arange(0, PB)
+    expert = tl.load(indices_ptr + i, mask=i < routed_pairs, other=num_experts).to(tl.int32)  # shared: E
+    expert = tl.where(i < pairs, expert, total_experts)  # lanes past the pairs sort last
+    key = tl.sort(expert * PB + i)  # by expert, then by pair
+    sorted_expert = key // PB
+    tl.store(scratch_ptr + i, sorted_expert)
+    for start in range(0, slots, PB):
+        tl.store(sorted_ptr + start + i, tl.full([PB], 0, tl.int32) + pairs, mask=start + i < slots)
+    for start in range(0, blocks, PB):
+        tl.store(
+            block_expert_ptr + start + i, tl.full([PB], 0, tl.int32) + total_experts, mask=start + i < blocks
+        )
+    tl.debug_barrier()  # the sorted experts and the initialised outputs are visible to every thread
+    previous = tl.load(scratch_ptr + i - 1, mask=i > 0, other=-1)
+    following = tl.load(scratch_ptr + i + 1, mask=i + 1 < PB, other=-1)
+    real = sorted_expert < total_experts
+    first = real & (sorted_expert != previous)
+    last = real & (sorted_expert != following)
+    run = tl.cumsum(first.to(tl.int32), axis=0) - 1  # which expert's run each sorted pair is in
+    tl.store(scratch_ptr + PB + run, i, mask=first)
+    tl.debug_barrier()
+    rank = i - tl.load(scratch_ptr + PB + run, mask=real, other=0)  # place within its expert's run
+    padding = tl.where(last, (BLOCK_M - (rank + 1) % BLOCK_M) % BLOCK_M, 0)  # after a run, to a whole block
+    position = i + tl.cumsum(padding, axis=0) - padding
+    tl.store(sorted_ptr + position, key % PB, mask=real)
+    tl.store(block_expert_ptr + position // BLOCK_M, sorted_expert, mask=real)
+
+
+@triton.jit
+def _sum_pairs_kernel(
+    pair_ptr, out_ptr, routed_pairs, hidden, TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr
+):
+    token = tl.program_id(0)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = col < hidden
+    total = tl.zeros([BLOCK], tl.float32)
+    for slot in tl.static_range(TOP_K):
+        total += tl.load(pair_ptr + (token * TOP_K + slot).to(tl.int64) * hidden + col, mask=ok, other=0.0)
+    if SHARED:
+        total += tl.load(pair_ptr + (routed_pairs + token).to(tl.int64) * hidden + col, mask=ok, other=0.0)
+    tl.store(out_ptr + token.to(tl.int64) * hidden + col, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+PLAN_PAIRS = 8192  # the most pairs one program sorts; larger prefills take the torch plan
+
+
+def plan_blocks(pairs: int, total_experts: int, block_m: int) -> int:
+    """Row blocks the most uneven routing of `pairs` pairs needs: every used expert pads at most
+    block_m - 1 slots, and at most min(experts, pairs) experts are used."""
+    return triton.cdiv(pairs + min(total_experts, pairs) * (block_m - 1), block_m)
+
+
+def block_plan(picks: torch.Tensor, total_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pair indices sorted by expert, each expert's run padded to whole blocks [BLOCKS * block_m]; expert of
+    each block [BLOCKS]) for the experts `picks` [pairs] of each pair, in torch ops; padding slots hold
+    `pairs`, unused blocks `total_experts`. The kernel plan's order within an expert's run is the same."""
+    pairs = picks.numel()
+    device = picks.device
+    counts = torch.zeros(total_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, picks, torch.ones_like(picks))
+    blocks_per_expert = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks_per_expert, 0)
+    padded_start = (block_end - blocks_per_expert) * block_m
+    pair_start = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(picks, stable=True)
+    expert_sorted = picks[order]
+    position = padded_start[expert_sorted] + torch.arange(pairs, device=device) - pair_start[expert_sorted]
+    blocks = plan_blocks(pairs, total_experts, block_m)
+    sorted_pairs = torch.full((blocks * block_m,), pairs, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, position, order.to(torch.int32))
+    block_expert = torch.searchsorted(block_end, torch.arange(blocks, device=device), right=True)
+    return sorted_pairs, block_expert.to(torch.int32)
+
+
+def kernel_plan(
+    indices: torch.Tensor, pairs: int, num_experts: int, total_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_plan` in one program for the routed pairs of indices [N, k] followed by (pairs - N * k) pairs
+    of the shared expert (number `num_experts`)."""
+    routed = indices.numel()
+    power = triton.next_power_of_2(pairs)
+    blocks = plan_blocks(pairs, total_experts, block_m)
+    sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=indices.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=indices.device)
+    scratch = torch.empty(2 * power, dtype=torch.int32, device=indices.device)
+    _plan_kernel[(1,)](
+        indices.reshape(-1), scratch, sorted_pairs, block_expert,
+        routed, pairs, num_experts, total_experts, sorted_pairs.numel(), blocks,
+        PB=power, BLOCK_M=block_m, num_warps=8 if power >= 2048 else 4,
+    )  # fmt: skip
+    return sorted_pairs, block_expert
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor,
+    shared13: torch.Tensor | None = None,
+    shared2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_k weights[n, k] * expert_{indices[n, k]}(x[n]) (+ the shared experts' SwiGLU) for x [N, H],
+    w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], shared13 [2Is, H], shared2 [H, Is] -> [N, H]."""
+    tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w2.shape[2]
+    top_k = indices.shape[1]
+    has_shared = shared13 is not None
+    if has_shared:
+        shared_inter = shared2.shape[1]
+    else:
+        shared13, shared2, shared_inter = w13, w2, 0
+    routed_pairs = tokens * top_k
+    pairs = routed_pairs + tokens * has_shared
+    total = num_experts + int(has_shared)
+    # rows per expert: a few in decode and tree verify, many in prefill
+    block_m = 16 if pairs <= 16 * total else 64
+    if pairs <= PLAN_PAIRS:
+        sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
+    else:
+        picks = indices.flatten()
+        if has_shared:
+            picks = torch.cat([picks, picks.new_full((tokens,), num_experts)])
+        sorted_pairs, block_expert = block_plan(picks, total, block_m)
+    x = x.contiguous()
+    weights = weights.contiguous()
+    widest = max(inter, shared_inter)
+    act = torch.empty(sorted_pairs.numel(), widest, dtype=x.dtype, device=x.device)
+    ieee = x.dtype == torch.float32  # float32 stays exact: Triton's default float32 dot rounds to TF32
+    block_n, block_k = 64, 64
+    _gate_up_kernel[(block_expert.numel(), triton.cdiv(widest, block_n))](
+        x, w13, shared13, sorted_pairs, block_expert, act,
+        pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total, w13.stride(0),
+        act.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    per_pair = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
+        act, w2, shared2, sorted_pairs, block_expert, weights, per_pair,
+        pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total, w2.stride(0), act.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    out = torch.empty_like(x)
+    _sum_pairs_kernel[(tokens, triton.cdiv(hidden, 1024))](
+        per_pair, out, routed_pairs, hidden, TOP_K=top_k, SHARED=has_shared, BLOCK=1024, num_warps=4
+    )
+    return out
+
+
+@triton.jit
+def _sigmoid_top_k_kernel(
+    logits_ptr, bias_ptr, weights_ptr, indices_ptr, experts, scale,
+    TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    e = tl.arange(0, E)
+    ok = e < experts
+    scores = tl.sigmoid(tl.load(logits_ptr + token * experts + e, mask=ok, other=0.0))
+    choice = tl.where(ok, scores + tl.load(bias_ptr + e, mask=ok, other=0.0), float("-inf"))
+    slot = tl.arange(0, K)
+    picked = tl.zeros([K], tl.int32)
+    weight = tl.zeros([K], tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(choice, axis=0)
+        picked = tl.where(slot == j, best, picked)
+        weight = tl.where(slot == j, tl.sum(tl.where(e == best, scores, 0.0), axis=0), weight)
+        choice = tl.where(e == best, float("-inf"), choice)
+    if NORMALIZE:
+        weight = weight / (tl.sum(weight, axis=0) + 1e-20)
+    tl.store(weights_ptr + token * TOP_K + slot, weight * scale, mask=slot < TOP_K)
+    tl.store(indices_ptr + token * TOP_K + slot, picked.to(tl.int64), mask=slot < TOP_K)
+
+
+def sigmoid_top_k(
+    logits: torch.Tensor, bias: torch.Tensor, top_k: int, normalize: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's routing without group limits in one kernel: sigmoid scores of logits [N, E] float32,
+    the top_k of scores + bias, their scores (normalised to sum 1 when asked) times scale ->
+    (weights float32 [N, top_k], indices int64 [N, top_k])."""
+    tokens, experts = logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    indices = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    _sigmoid_top_k_kernel[(tokens,)](
+        logits.contiguous(), bias, weights, indices, experts, scale,
+        TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
+        num_warps=4,
+    )  # fmt: skip
+    return weights, indices
