@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.model import Experts
@@ -16,7 +15,9 @@ from specdeploy.projection.project import PROJECTION_SCHEMA, Predicted, Projecti
 from specdeploy.projection.scaling import AllReduce, HardwareScale
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.schema import HardwareProfile, Recipe
+from specdeploy.report.columns import num
 from specdeploy.report.runs import Series, load_series
+from specdeploy.terminal_tables import add_columns, narrow_table
 
 RunDir = Annotated[Path, typer.Argument(help="A campaign directory or a bench run directory.")]
 RecipeOption = Annotated[
@@ -70,10 +71,8 @@ def _scale(series: Series, recipe: Recipe, target: str | None, source: str | Non
     )
 
 
-def _usd_per_million(
-    tok_s: float, price: float | None, gpus: int
-) -> float | None:
-    if price is None or tok_s <= 0:
+def _usd_per_million(tok_s: float, price: float | None, gpus: int) -> float | None:
+    if price is None or tok_s <= 0 or gpus < 1:
         return None
     return price * gpus / 3600 / tok_s * 1e6
 
@@ -99,6 +98,14 @@ def _row(series: str, dataset: str, p: Predicted, usd: float | None) -> dict[str
     }
 
 
+def _measured_on(series: Series) -> HardwareProfile | None:
+    """The profile the runs recorded, if it is one this specdeploy knows."""
+    try:
+        return load_hardware(series.fact("hardware"))
+    except SpecdeployError:
+        return None
+
+
 def projections(
     run_dir: Path,
     recipe_name: str | None,
@@ -115,7 +122,7 @@ def projections(
         for dataset, cells in by_dataset.items():
             projection = Projection(cells, recipe.dflash.block_size, _experts(recipe), fit_budgets, scale)
             projection.notes += skipped
-            found.append((series, dataset, projection, scale.target if scale else None))
+            found.append((series, dataset, projection, scale.target if scale else _measured_on(series)))
     return found
 
 
@@ -168,23 +175,32 @@ def project(
     document: dict[str, Any] = {"schema": PROJECTION_SCHEMA, "rows": [], "assumptions": {}}
     console = Console()
     for series, dataset, projection, target in found:
-        gpus = target.gpu_count if target else 0
+        gpus = target.gpu_count if target else 0  # $ per million tokens needs the GPUs it pays for
         price = (
             price_per_gpu_hour
             if price_per_gpu_hour is not None
             else (target.price_per_gpu_hour if target else None)
         )
         rows = [projection.predict(*point) for point in _points(projection, wanted_budgets, wanted_levels)]
-        label = f"{series.label} -> {target.name}" if target else series.label
+        scaled = projection.scale is not None
+        label = f"{series.label} -> {target.name}" if scaled and target else series.label
         document["rows"] += [
             _row(label, dataset, p, _usd_per_million(p.output_tok_s, price, gpus)) for p in rows
         ]
-        document["assumptions"][f"{label} / {dataset}"] = projection.assumptions()
+        assumptions = projection.assumptions()
+        if price is not None:
+            assumptions.append(
+                f"$ per million tokens: ${price:g} per GPU-hour x {gpus} GPUs, busy all the time"
+            )
+        document["assumptions"][f"{label} / {dataset}"] = assumptions
         if json_output:
             continue
-        table = Table(title=f"{label}: {dataset} (predicted)")
-        for name in ("mode", "load", "tok/s", "interval", "measured", "TPOT ms", "tau"):
-            table.add_column(name, justify="left" if name in ("mode", "load") else "right")
+        table = narrow_table(f"{label}: {dataset} (predicted)")
+        add_columns(
+            table,
+            ("mode", "load", "tok/s", "interval", "measured", "TPOT ms", "tau", "$/M tok"),
+            ("mode", "load"),
+        )
         for p in rows:
             table.add_row(
                 p.mode + ("" if p.budget is None else f" b{p.budget}"),
@@ -194,10 +210,11 @@ def project(
                 "-" if p.measured_output_tok_s is None else f"{p.measured_output_tok_s:.1f}",
                 "-" if p.tpot_ms is None else f"{p.tpot_ms:.2f}",
                 f"{p.tau:.2f}" + ("" if p.tau_measured else "*"),
+                num(_usd_per_million(p.output_tok_s, price, gpus), 2),
             )
         console.print(table)
         console.print("* tau interpolated. Assumptions:")
-        for line in projection.assumptions():
+        for line in assumptions:
             console.print(f"  - {line}", highlight=False)
     if json_output:
         typer.echo(json.dumps(document, indent=2))
@@ -236,9 +253,13 @@ def recommend(
     if json_output:
         typer.echo(json.dumps({"schema": PROJECTION_SCHEMA, "recommendations": choices}, indent=2))
         return
-    table = Table(title="Best fixed DDTree budget per concurrency (by predicted output tok/s)")
-    for name in ("series", "dataset", "load", "budget", "tok/s", "interval"):
-        table.add_column(name)
+    table = narrow_table("Best fixed DDTree budget per concurrency (by predicted output tok/s)")
+    add_columns(
+        table,
+        ("series", "dataset", "load", "budget", "tok/s", "interval"),
+        ("series", "dataset", "load"),
+        ("series",),
+    )
     for c in choices:
         table.add_row(c["series"], c["dataset"], f"c={c['concurrency']}", str(c["budget"]) + ("" if c["measured"] else "*"),
                       f"{c['output_tok_s']:.1f}", f"{c['interval']['low']:.1f}-{c['interval']['high']:.1f}")  # fmt: skip

@@ -88,31 +88,32 @@ class StepFit:
         return sum(self.terms(concurrency, load).values())
 
 
-def fit_steps(mode: str, points: list[tuple[int, float, float]]) -> StepFit:
-    """Fit (concurrency, token load, step ms) points; columns the points cannot separate are dropped."""
-    concurrencies = {c for c, _, _ in points}
-    loads = {round(g, 9) for _, g, _ in points}
-    # With one budget, c and g(c*v) move together: the per-row cost cannot be told from the per-token one.
-    per_ratio = {round(g / c, 9) for c, g, _ in points}
+def fit_steps(mode: str, points: list[tuple[int, int, float, float]]) -> StepFit:
+    """Fit (concurrency, tokens verified per row, token load, step ms) points; the columns the points cannot
+    separate are dropped."""
+    concurrencies = {c for c, _, _, _ in points}
+    verified = {v for _, v, _, _ in points}
+    loads = {round(g, 9) for _, _, g, _ in points}
     columns = ["fixed"]
     notes = []
-    if len(per_ratio) > 1 and len(concurrencies) > 1:
+    if len(verified) > 1 and len(concurrencies) > 1:
         columns += ["per_row", "per_token"]
     elif len(loads) > 1:
         columns += ["per_token"]
-        notes.append(
-            f"{mode}: the cells measured one budget (or one concurrency), so the cost per running request "
-            "cannot be told from the cost per verified token: all of it is counted per verified token"
-        )
+        if len(concurrencies) > 1:  # one budget: c and c*v move together
+            notes.append(
+                f"{mode}: the cells verify one number of tokens per request, so the cost per running request "
+                "cannot be told from the cost per verified token: all of it is counted per verified token"
+            )
     if len(points) < len(columns) or len(points) < 2:
         raise SpecdeployError(
             f"{mode}: {len(points)} measured cell(s) cannot fit a step cost: measure at least two "
             "concurrencies or budgets"
         )
     design = np.array(
-        [[{"fixed": 1.0, "per_row": c, "per_token": g}[name] for name in columns] for c, g, _ in points]
+        [[{"fixed": 1.0, "per_row": c, "per_token": g}[name] for name in columns] for c, _, g, _ in points]
     )
-    target = np.array([ms for _, _, ms in points])
+    target = np.array([ms for _, _, _, ms in points])
     solution, *_ = np.linalg.lstsq(design, target, rcond=None)
     freedom = len(points) - len(columns)
     residual = None

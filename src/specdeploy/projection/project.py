@@ -17,6 +17,7 @@ from specdeploy.projection.model import (
     verified_per_row,
 )
 from specdeploy.projection.scaling import HardwareScale
+from specdeploy.recipes.loader import load_recipe
 from specdeploy.report.runs import Series
 
 PROJECTION_SCHEMA = "specdeploy.projection/1"
@@ -102,24 +103,24 @@ class Projection:
         for cell in cells:
             self.measured[(cell.mode, cell.budget, cell.concurrency)].append(cell.output_tok_s)
 
+    def _point(self, mode: str, cell: Cell, ms: float) -> tuple[int, int, float, float]:
+        verified = verified_per_row(mode, cell.budget, self.block_size)
+        return cell.concurrency, verified, self._load(mode, cell.budget, cell.concurrency), ms
+
     def _load(self, mode: str, budget: int | None, concurrency: float) -> float:
         return token_load(concurrency * verified_per_row(mode, budget, self.block_size), self.experts)
 
     def _fit(self, mode: str, cells: list[Cell]) -> ModeModel:
         effective = fit_steps(
             mode,
-            [(c.concurrency, self._load(mode, c.budget, c.concurrency), 1e3 * c.concurrency * c.tau / c.output_tok_s)
-             for c in cells],
-        )  # fmt: skip
+            [self._point(mode, c, 1e3 * c.concurrency * c.tau / c.output_tok_s) for c in cells],
+        )
         timed = [c for c in cells if c.tpot_ms is not None]
         decode = None
         try:
             decode = fit_steps(
                 mode,
-                [
-                    (c.concurrency, self._load(mode, c.budget, c.concurrency), c.tpot_ms * c.tau)
-                    for c in timed
-                ],  # type: ignore[operator]
+                [self._point(mode, c, c.tpot_ms * c.tau) for c in timed],  # type: ignore[operator]
             )
         except SpecdeployError:
             self.notes.append(
@@ -201,3 +202,30 @@ class Projection:
         if self.scale is not None:
             lines += self.scale.assumptions()
         return lines + list(dict.fromkeys(self.notes))
+
+
+def fitted_output_tok_s(series: Series) -> dict[tuple[str, str, int | None, int], float]:
+    """The model's output tok/s at every measured point of `series`, fitted on all of its cells, keyed by
+    (dataset, mode, budget, concurrency); empty where no recipe is recorded or no model can be fitted."""
+    recipe_name = series.fact("recipe")
+    try:
+        recipe = load_recipe(recipe_name)
+    except SpecdeployError:
+        return {}  # a plain bench run names no recipe: nothing to fit the model's token counts to
+    experts = recipe.target
+    moe = (
+        None
+        if experts.routed_experts is None
+        else Experts(experts.routed_experts, experts.experts_per_token or 1)
+    )
+    fitted = {}
+    by_dataset, _ = series_cells(series)
+    for dataset, cells in by_dataset.items():
+        try:
+            projection = Projection(cells, recipe.dflash.block_size, moe)
+            for mode, budget, concurrency in projection.measured:
+                point = projection.predict(mode, budget, concurrency)
+                fitted[(dataset, mode, budget, concurrency)] = point.output_tok_s
+        except SpecdeployError:
+            continue  # too few cells of some mode: those points have no model figure
+    return fitted
