@@ -90,7 +90,7 @@ def test_b200_projection_of_the_kimi_campaign_prints_every_assumption(kimi_campa
         "link 64 (pcie) -> 900 (nvlink) GB/s",
         "384 x (1 - (1 - 8/384)^n)",
         "tau depends on the budget and the dataset only",
-        "(unverified)",
+        "datasheet peaks",
         "ddtree b24",
     ):
         assert expected in text, expected
