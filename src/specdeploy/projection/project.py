@@ -132,7 +132,9 @@ class Projection:
             tau.add(c.budget, c.tau)
         return ModeModel(effective, decode, tau)
 
-    def _step(self, fit: StepFit, mode: str, budget: int | None, concurrency: int) -> tuple[float, float]:
+    def _step(
+        self, fit: StepFit, what: str, mode: str, budget: int | None, concurrency: int
+    ) -> tuple[float, float]:
         """(step ms here or on the target machine, the interval's half-width scaled alike)."""
         load = self._load(mode, budget, concurrency)
         step = fit.step_ms(concurrency, load)
@@ -141,7 +143,7 @@ class Projection:
             return step, spread
         tokens = concurrency * verified_per_row(mode, budget, self.block_size)
         scaled, clamped = self.scale.step_ms(fit.terms(concurrency, load), tokens)
-        self.notes += [f"{mode} b{budget} c={concurrency}: {what}" for what in clamped if what]
+        self.notes += [f"{mode}, {what} step: {line} (at some predicted points)" for line in clamped]
         return scaled, spread * scaled / step if step > 0 else 0.0
 
     def predict(self, mode: str, budget: int | None, concurrency: int) -> Predicted:
@@ -149,7 +151,7 @@ class Projection:
         if model is None:
             raise SpecdeployError(f"no measured {mode} cells to predict {mode} from")
         tau = model.tau.at(budget if mode == "ddtree" else None)
-        step, spread = self._step(model.effective, mode, budget, concurrency)
+        step, spread = self._step(model.effective, "effective", mode, budget, concurrency)
         if step <= 0:
             raise SpecdeployError(
                 f"{mode} b{budget} c={concurrency} lies too far from the measured cells: the fitted step time "
@@ -157,7 +159,7 @@ class Projection:
             )
         tpot = None
         if model.decode is not None:
-            decode_step, _ = self._step(model.decode, mode, budget, concurrency)
+            decode_step, _ = self._step(model.decode, "decode (TPOT)", mode, budget, concurrency)
             tpot = decode_step / tau.estimate if decode_step > 0 else None
         rate = 1e3 * concurrency / step
         measured = self.measured.get((mode, budget, concurrency))
