@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.model import (
@@ -73,7 +73,6 @@ class ModeModel:
     effective: StepFit  # from throughput: prefill, first tokens and the cell's tail included
     decode: StepFit | None  # from TPOT: the decode step alone
     tau: TauCurve
-    measured: dict[tuple[int | None, int], list[float]] = field(default_factory=dict)
 
 
 class Projection:
@@ -98,7 +97,10 @@ class Projection:
             grouped[cell.mode].append(cell)
         self.models: dict[str, ModeModel] = {}
         for mode, members in grouped.items():
-            self.models[mode] = self._fit(mode, members)
+            try:
+                self.models[mode] = self._fit(mode, members)
+            except SpecdeployError as exc:
+                self.notes.append(f"not predicted: {exc}")
         self.measured: dict[tuple[str, int | None, int], list[float]] = defaultdict(list)
         for cell in cells:
             self.measured[(cell.mode, cell.budget, cell.concurrency)].append(cell.output_tok_s)
@@ -169,6 +171,7 @@ class Projection:
             concurrency=concurrency,
             output_tok_s=rate * tau.estimate,
             low=1e3 * concurrency * tau.low / (step + spread),
+            # A residual above half the step would make the interval unbounded: cap the fast side at 2x.
             high=1e3 * concurrency * tau.high / max(step - spread, step * 0.5),
             tpot_ms=tpot,
             tau=tau.estimate,
@@ -223,11 +226,14 @@ def fitted_output_tok_s(series: Series) -> dict[tuple[str, str, int | None, int]
     fitted = {}
     by_dataset, _ = series_cells(series)
     for dataset, cells in by_dataset.items():
-        try:
-            projection = Projection(cells, recipe.dflash.block_size, moe)
-            for mode, budget, concurrency in projection.measured:
-                point = projection.predict(mode, budget, concurrency)
-                fitted[(dataset, mode, budget, concurrency)] = point.output_tok_s
-        except SpecdeployError:
-            continue  # too few cells of some mode: those points have no model figure
+        projection = Projection(cells, recipe.dflash.block_size, moe)
+        for mode, budget, concurrency in projection.measured:
+            if mode not in projection.models:
+                continue  # too few cells of this mode to fit
+            try:
+                fitted[(dataset, mode, budget, concurrency)] = projection.predict(
+                    mode, budget, concurrency
+                ).output_tok_s
+            except SpecdeployError:
+                continue  # a point where the fitted step is not positive has no model figure
     return fitted
