@@ -14,6 +14,8 @@ from specdeploy.bench import runner
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.runner import run
 from specdeploy.bench.telemetry import CellSampler, cell_sampler, load_nvml
+from specdeploy.report.rows import report_rows
+from specdeploy.report.runs import load_series
 from tests.test_bench_runner import config, custom_prompts
 
 LOCAL = "http://127.0.0.1:30000"
@@ -125,14 +127,25 @@ def test_every_cell_of_a_run_records_telemetry(tmp_path: Path, monkeypatch: pyte
     server = ServerThread(FakeServer(StreamPlan(ttft_s=0.01, gap_s=0.01, output_tokens=8))).start()
     try:
         summary = run(
-            config(server.url, custom_prompts(tmp_path, 2), price_per_gpu_hour=3.0), tmp_path / "run"
+            config(
+                server.url, custom_prompts(tmp_path, 2), concurrency=[2], repeats=2, price_per_gpu_hour=3.0
+            ),
+            tmp_path / "run",
         )
     finally:
         server.stop()
-    assert len(summary.cells) == 2
+    assert len(summary.cells) == 2  # one point, two repeats
     for cell in summary.cells.values():
         telemetry = cell.telemetry
         assert telemetry is not None and telemetry.absent is None and len(telemetry.gpus) == 2
         assert telemetry.tokens_per_joule == pytest.approx(cell.metrics.output_tokens / telemetry.energy_j)
         expected = 3.0 * 2 * cell.metrics.duration_s / 3600 / cell.metrics.output_tokens * 1e6
         assert telemetry.usd_per_million_tokens == pytest.approx(expected)
+    # The report pools a point's repeats: all their tokens over all their joules.
+    rows = report_rows(load_series([tmp_path / "run"]))
+    assert [r.load_label for r in rows] == ["c=2"], rows
+    row = rows[0]
+    cells = list(summary.cells.values())
+    joules = sum(c.telemetry.energy_j for c in cells if c.telemetry and c.telemetry.energy_j)
+    assert row.tokens_per_joule == pytest.approx(sum(c.metrics.output_tokens for c in cells) / joules)
+    assert row.power_w_mean == pytest.approx(600.0)  # two GPUs at 300 W
