@@ -10,8 +10,7 @@ import typer
 from rich.console import Console
 
 from specdeploy.errors import SpecdeployError
-from specdeploy.projection.model import Experts
-from specdeploy.projection.project import PROJECTION_SCHEMA, Predicted, Projection, series_cells
+from specdeploy.projection.project import PROJECTION_SCHEMA, Predicted, Projection, experts_of, series_cells
 from specdeploy.projection.scaling import AllReduce, HardwareScale
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.schema import HardwareProfile, Recipe
@@ -43,24 +42,17 @@ def _ints(text: str | None, what: str) -> list[int] | None:
     return values
 
 
-def _recorded(series: Series, name: str, given: str | None) -> str:
+def _recorded(series: Series, name: str, given: str | None, option: str) -> str:
     value = given or series.fact(name)
     if value == "-" or "," in value:
-        raise SpecdeployError(
-            f"the runs of {series.label} record no single {name} ({value}): pass --{name.replace('_', '-')}"
-        )
+        raise SpecdeployError(f"the runs of {series.label} record no single {name} ({value}): pass {option}")
     return value
-
-
-def _experts(recipe: Recipe) -> Experts | None:
-    t = recipe.target
-    return None if t.routed_experts is None else Experts(t.routed_experts, t.experts_per_token or 1)
 
 
 def _scale(series: Series, recipe: Recipe, target: str | None, source: str | None) -> HardwareScale | None:
     if target is None:
         return None
-    source_profile = load_hardware(_recorded(series, "hardware", source))
+    source_profile = load_hardware(_recorded(series, "hardware", source, "--source-hardware"))
     tp_text = series.fact("tp")
     tp = int(tp_text) if tp_text.isdigit() else max(source_profile.gpu_count, 1)
     return HardwareScale(
@@ -116,11 +108,11 @@ def projections(
     """One projection per series and dataset in `run_dir`."""
     found = []
     for series in load_series([run_dir]):
-        recipe = load_recipe(_recorded(series, "recipe", recipe_name))
+        recipe = load_recipe(_recorded(series, "recipe", recipe_name, "--recipe"))
         scale = _scale(series, recipe, hardware, source_hardware)
         by_dataset, skipped = series_cells(series)
         for dataset, cells in by_dataset.items():
-            projection = Projection(cells, recipe.dflash.block_size, _experts(recipe), fit_budgets, scale)
+            projection = Projection(cells, recipe.dflash.block_size, experts_of(recipe), fit_budgets, scale)
             projection.notes += skipped
             found.append((series, dataset, projection, scale.target if scale else _measured_on(series)))
     return found

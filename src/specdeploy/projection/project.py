@@ -18,9 +18,16 @@ from specdeploy.projection.model import (
 )
 from specdeploy.projection.scaling import HardwareScale
 from specdeploy.recipes.loader import load_recipe
+from specdeploy.recipes.schema import Recipe
 from specdeploy.report.runs import Series
 
 PROJECTION_SCHEMA = "specdeploy.projection/1"
+
+
+def experts_of(recipe: Recipe) -> Experts | None:
+    """The target's routed experts, for an MoE recipe."""
+    t = recipe.target
+    return None if t.routed_experts is None else Experts(t.routed_experts, t.experts_per_token or 1)
 
 
 def series_cells(series: Series) -> tuple[dict[str, list[Cell]], list[str]]:
@@ -90,6 +97,13 @@ class Projection:
         self.experts = experts
         self.scale = scale
         self.notes: list[str] = []
+        measured_budgets = {c.budget for c in cells if c.mode == "ddtree"}
+        unmeasured = sorted(set(fit_budgets or []) - measured_budgets)
+        if unmeasured:
+            raise SpecdeployError(
+                f"--fit-budgets names budget(s) {unmeasured} that these runs never measured; measured: "
+                f"{sorted(b for b in measured_budgets if b is not None) or 'none'}"
+            )
         grouped: dict[str, list[Cell]] = defaultdict(list)
         for cell in cells:
             if fit_budgets is not None and cell.mode == "ddtree" and cell.budget not in fit_budgets:
@@ -217,16 +231,10 @@ def fitted_output_tok_s(series: Series) -> dict[tuple[str, str, int | None, int]
         recipe = load_recipe(recipe_name)
     except SpecdeployError:
         return {}  # a plain bench run names no recipe: nothing to fit the model's token counts to
-    experts = recipe.target
-    moe = (
-        None
-        if experts.routed_experts is None
-        else Experts(experts.routed_experts, experts.experts_per_token or 1)
-    )
     fitted = {}
     by_dataset, _ = series_cells(series)
     for dataset, cells in by_dataset.items():
-        projection = Projection(cells, recipe.dflash.block_size, moe)
+        projection = Projection(cells, recipe.dflash.block_size, experts_of(recipe))
         for mode, budget, concurrency in projection.measured:
             if mode not in projection.models:
                 continue  # too few cells of this mode to fit

@@ -19,7 +19,7 @@ def _require(profile: HardwareProfile, tp: int) -> None:
     if missing:
         raise SpecdeployError(
             f"hardware profile {profile.name} lacks {', '.join(missing)}, which scaling needs: add them to a "
-            "copy of the profile and pass its .toml path"
+            "copy of the profile and pass its .toml path (--hardware, or --source-hardware for the measured one)"
         )
 
 
