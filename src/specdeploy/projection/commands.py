@@ -85,7 +85,7 @@ def _row(series: str, dataset: str, p: Predicted, usd: float | None) -> dict[str
         "tau_measured": p.tau_measured,
         "usd_per_million_tokens": usd,
         "predicted": True,
-        "interval": {"low": p.low, "high": p.high},
+        "interval": {"low": p.low, "high": p.high} if p.sized else None,
         "measured_output_tok_s": p.measured_output_tok_s,
     }
 
@@ -198,7 +198,7 @@ def project(
                 p.mode + ("" if p.budget is None else f" b{p.budget}"),
                 f"c={p.concurrency}",
                 f"{p.output_tok_s:.1f}",
-                f"{p.low:.1f}-{p.high:.1f}",
+                f"{p.low:.1f}-{p.high:.1f}" if p.sized else "-",
                 "-" if p.measured_output_tok_s is None else f"{p.measured_output_tok_s:.1f}",
                 "-" if p.tpot_ms is None else f"{p.tpot_ms:.2f}",
                 f"{p.tau:.2f}" + ("" if p.tau_measured else "*"),
@@ -240,7 +240,7 @@ def recommend(
         for level in levels or sorted({c for _, _, c in projection.measured}):
             best = max((projection.predict("ddtree", b, level) for b in pool), key=lambda p: p.output_tok_s)
             choices.append({"series": series.label, "dataset": dataset, "concurrency": level, "budget": best.budget,
-                            "output_tok_s": best.output_tok_s, "interval": {"low": best.low, "high": best.high},
+                            "output_tok_s": best.output_tok_s, "interval": {"low": best.low, "high": best.high} if best.sized else None,
                             "measured": best.measured_output_tok_s is not None})  # fmt: skip
     if json_output:
         typer.echo(json.dumps({"schema": PROJECTION_SCHEMA, "recommendations": choices}, indent=2))
@@ -254,7 +254,7 @@ def recommend(
     )
     for c in choices:
         table.add_row(c["series"], c["dataset"], f"c={c['concurrency']}", str(c["budget"]) + ("" if c["measured"] else "*"),
-                      f"{c['output_tok_s']:.1f}", f"{c['interval']['low']:.1f}-{c['interval']['high']:.1f}")  # fmt: skip
+                      f"{c['output_tok_s']:.1f}", f"{c['interval']['low']:.1f}-{c['interval']['high']:.1f}" if c["interval"] else "-")  # fmt: skip
     Console().print(table)
     Console().print("* not measured: predicted by `specdeploy project` (its assumptions: run it)")
 

@@ -65,6 +65,7 @@ class Predicted:
     output_tok_s: float
     low: float
     high: float
+    sized: bool  # False: the step fit was exact (no residual), so the interval holds tau's spread only
     tpot_ms: float | None
     tau: float
     tau_measured: bool
@@ -187,6 +188,7 @@ class Projection:
             low=1e3 * concurrency * tau.low / (step + spread),
             # A residual above half the step would make the interval unbounded: cap the fast side at 2x.
             high=1e3 * concurrency * tau.high / max(step - spread, step * 0.5),
+            sized=model.effective.residual_ms is not None,
             tpot_ms=tpot,
             tau=tau.estimate,
             tau_measured=tau.measured,
@@ -212,7 +214,8 @@ class Projection:
             "effective step = concurrency x tau / output tok/s: prefill, first tokens and the cell's tail, as "
             "measured, are spread over the steps the same way at unmeasured points",
             "tok/s per user = output tok/s / concurrency (every request running for the whole cell)",
-            "intervals: +/- 2 residual standard errors of the step fit, and tau between its two interpolations",
+            "intervals: +/- 2 residual standard errors of the step fit, and tau between its two interpolations; "
+            "none where the fit is exact (as many cells as terms: no residual to size it)",
         ]
         if self.experts is not None:
             e = self.experts
