@@ -16,6 +16,7 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.lab import commands as lab_commands
 from specdeploy.lock import commands as lock_commands
 from specdeploy.perf import commands as perf_commands
+from specdeploy.projection import commands as projection_commands
 from specdeploy.report import commands as report_commands
 from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
@@ -58,6 +59,7 @@ app.command("bench")(bench_commands.bench)
 app.command("bench-selftest")(bench_commands.bench_selftest)
 app.command("campaign")(campaign_commands.campaign)
 app.command("report")(report_commands.report)
+projection_commands.register(app)  # project, recommend
 
 
 if __name__ == "__main__":

@@ -106,6 +106,9 @@ def bench(
     random_input_len: int = typer.Option(512, help="random dataset: prompt tokens."),
     random_output_len: int = typer.Option(256, help="random dataset: output tokens (ignore_eos)."),
     random_vocab_size: int = typer.Option(32000, help="random dataset: token ids are drawn below this."),
+    price_per_gpu_hour: float | None = typer.Option(
+        None, help="USD per GPU-hour: each cell's telemetry states $ per million tokens on the GPUs it sampled."
+    ),
     out: Path | None = typer.Option(None, help="Run directory (default runs/bench-<UTC time>)."),
     resume: bool = typer.Option(False, help="Continue the run in --out, measuring only its missing cells."),
     json_output: bool = typer.Option(False, "--json", help="Print summary.json instead of tables."),
@@ -142,6 +145,7 @@ def bench(
         random_input_len=random_input_len,
         random_output_len=random_output_len,
         random_vocab_size=random_vocab_size,
+        price_per_gpu_hour=price_per_gpu_hour,
     )
     out = out or Path("runs") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     console = Console(stderr=json_output)

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdeploy.api_key import redact
+from specdeploy.bench.telemetry import CellTelemetry
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import Budget
 
@@ -189,6 +190,9 @@ class CellSummary(BaseModel):
     key: CellKey
     metrics: CellMetrics
     comparison: Comparison | None = None
+    telemetry: CellTelemetry | None = (
+        None  # GPU power, clocks, energy; or why absent (None: recorded before it)
+    )
     finished_unix: float
 
 

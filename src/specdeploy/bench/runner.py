@@ -33,6 +33,7 @@ from specdeploy.bench.results import (
     RunSummary,
     new_run_id,
 )
+from specdeploy.bench.telemetry import CellSampler, cell_sampler
 from specdeploy.bench.workloads import Prompt, WorkloadOptions, load_prompts
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import Budget
@@ -69,6 +70,7 @@ class BenchConfig(BaseModel):
     random_input_len: int = 512
     random_output_len: int = 256
     random_vocab_size: int = 32000
+    price_per_gpu_hour: float | None = None  # USD; each cell's telemetry then states $ per million tokens
 
     def check(self) -> None:
         if self.baseline_url and self.baseline_run:
@@ -103,7 +105,7 @@ class BenchConfig(BaseModel):
 
 
 # Options that may change on --resume: where the servers are now, not what is measured.
-RESUMABLE_CHANGES = {"url", "baseline_url", "timeout_s"}
+RESUMABLE_CHANGES = {"url", "baseline_url", "timeout_s", "price_per_gpu_hour"}
 
 
 def open_run(config: BenchConfig, out: Path, resume: bool) -> tuple[RunDirectory, BenchConfig]:
@@ -181,8 +183,10 @@ async def _run(
             server = servers[key.role]
             await server.client.flush_cache()
             records: list[RequestRecord] = []
+            sampler = cell_sampler(server.client.url, config.price_per_gpu_hour)
             try:
-                with collector_paused():  # a collection would stall every open stream at once
+                # A collection would stall every open stream at once; NVML is read on its own thread.
+                with collector_paused(), sampler:
                     await _run_cell(server, key, config, prompts, records, progress)
             except BaseException:
                 run_dir.write_incomplete(records)
@@ -195,7 +199,7 @@ async def _run(
                     f"({len(gone)} of {len(records)} requests failed, e.g. {gone[0].error}); its records are "
                     f"in incomplete.jsonl. Restart the server and rerun with --resume"
                 )
-            _write_cell(run_dir, key, records, config, baseline_run)
+            _write_cell(run_dir, key, records, config, baseline_run, sampler)
     return run_dir.read_summary()
 
 
@@ -312,6 +316,7 @@ def _write_cell(
     records: list[RequestRecord],
     config: BenchConfig,
     baseline_run: RunDirectory | None,
+    sampler: CellSampler,
 ) -> None:
     records.sort(key=lambda r: (r.index, r.turn))
     comparison = None
@@ -322,8 +327,10 @@ def _write_cell(
             cell_id, base_records = baseline
             comparison = compare({key.repeat: records}, {key.repeat: base_records}, cell_id, _greedy(config))
             speedups[key.point_id] = _pooled(run_dir, baseline_run, key, records, config)
+    metrics = cell_metrics(records)
+    telemetry = sampler.result(metrics.output_tokens, metrics.duration_s)
     summary = CellSummary(
-        key=key, metrics=cell_metrics(records), comparison=comparison, finished_unix=time.time()
+        key=key, metrics=metrics, comparison=comparison, telemetry=telemetry, finished_unix=time.time()
     )
     run_dir.write_cell(summary, records, speedups)
 

@@ -24,6 +24,7 @@ from specdeploy.campaign.spec import CampaignSpec
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import make_plan
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.recipes.loader import load_hardware
 from specdeploy.recipes.lock import LockFile
 
 SERVERS_DIR = "servers"
@@ -116,6 +117,8 @@ def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[Be
     for dataset in spec.datasets:
         baseline = None if server.is_baseline else ar_run_path(out, server.plan.tp, dataset)
         options = spec.bench.model_dump()
+        if options["price_per_gpu_hour"] is None:  # [bench] overrides the profile's price
+            options["price_per_gpu_hour"] = load_hardware(spec.hardware).price_per_gpu_hour
         config = BenchConfig(
             url=server.plan.base_url,
             baseline_run=None if baseline is None else str(baseline),

@@ -62,6 +62,7 @@ class BenchOptions(_Strict):
     random_input_len: int = Field(512, ge=1)
     random_output_len: int = Field(256, ge=1)
     random_vocab_size: int = Field(32000, ge=2)
+    price_per_gpu_hour: float | None = Field(None, ge=0)  # USD: cells record $ per million tokens
 
 
 class CampaignSpec(_Strict):

@@ -47,6 +47,17 @@ class TargetFacts(ModelFacts):
     context_length: int = Field(gt=0)  # the longest context the model supports
     # Recurrent (Gated DeltaNet / Mamba) state one running request holds, whole model; 0 for pure attention.
     recurrent_state_bytes_per_request: int = Field(default=0, ge=0)
+    # MoE: routed experts per MoE layer and how many each token picks (absent for a dense target).
+    routed_experts: int | None = Field(default=None, ge=1)
+    experts_per_token: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _experts_go_together(self) -> TargetFacts:
+        if (self.routed_experts is None) != (self.experts_per_token is None):
+            raise ValueError("routed_experts and experts_per_token go together (both or none)")
+        if self.routed_experts is not None and self.experts_per_token > self.routed_experts:
+            raise ValueError("experts_per_token exceeds routed_experts")
+        return self
 
 
 class DFlashDrafterFacts(ModelFacts):
@@ -101,6 +112,12 @@ class HardwareProfile(_Data):
     interconnect: Interconnect
     # Where the reference engine runs: "cuda" is any one CUDA GPU (its model is not checked).
     device: ReferenceDevice = "cpu"
+    # Per-GPU peaks that `project --hardware` scales step costs by (datasheet figures, not measured).
+    hbm_gb_s: float | None = Field(default=None, gt=0)  # memory bandwidth, GB/s
+    bf16_dense_tflops: float | None = Field(default=None, gt=0)  # tensor-core BF16 without sparsity
+    interconnect_gb_s: float | None = Field(default=None, gt=0)  # GPU-to-GPU, per GPU and direction
+    allreduce_latency_us: float | None = Field(default=None, ge=0)  # one small all-reduce at gpu_count ranks
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)  # USD, for $ per million tokens
     unverified: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -39,6 +39,10 @@ COLUMNS: list[Column] = [
     ("speedup [95% CI]", lambda r: speedup_text(r.speedup)),
     ("match", lambda r: percent(r.match_rate)),
     ("errors", lambda r: f"{r.errors}/{r.requests}"),
+    ("model tok/s", lambda r: num(r.predicted_output_tok_s)),
+    ("GPU W", lambda r: num(r.power_w_mean, 0)),
+    ("tok/J", lambda r: num(r.tokens_per_joule, 2)),
+    ("$/M tok", lambda r: num(r.usd_per_million_tokens, 2)),
 ]
 
 

@@ -10,17 +10,38 @@ import typer
 from rich.console import Console
 
 from specdeploy.errors import SpecdeployError
+from specdeploy.projection.project import fitted_output_tok_s
 from specdeploy.report.html import render_html
 from specdeploy.report.plots import all_plots
 from specdeploy.report.rows import ReportRow, report_document, report_rows
 from specdeploy.report.runs import Series, load_series
-from specdeploy.report.tables import comparison_tables, rows_tables, series_table
+from specdeploy.report.tables import comparison_tables, model_table, rows_tables, series_table
+
+
+def with_model(series: list[Series], rows: list[ReportRow]) -> list[ReportRow]:
+    """Each row with `specdeploy project`'s model figure at its point, where one can be fitted."""
+    fitted = {s.label: fitted_output_tok_s(s) for s in series}
+    return [
+        row.model_copy(
+            update={
+                "predicted_output_tok_s": fitted[row.series].get(
+                    (
+                        row.dataset,
+                        "ar" if row.mode == "baseline" else row.mode,
+                        row.budget,
+                        row.concurrency or 0,
+                    )
+                )
+            }
+        )
+        for row in rows
+    ]
 
 
 def write_report(run_dirs: list[Path], out: Path) -> tuple[list[Series], list[ReportRow]]:
     """Read the runs, write the HTML page to `out`; returns (series, rows) for the caller to print."""
     series = load_series(run_dirs)
-    rows = report_rows(series)
+    rows = with_model(series, report_rows(series))
     if not rows:
         raise SpecdeployError(
             f"the runs in {', '.join(map(str, run_dirs))} have no finished cell yet: nothing to report"
@@ -60,4 +81,6 @@ def report(
     if len(series) > 1:
         for table in comparison_tables(rows, series):
             console.print(table)
+    if any(row.predicted_output_tok_s is not None for row in rows):
+        console.print(model_table(rows))
     console.print(f"HTML report in {out}")

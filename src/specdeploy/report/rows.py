@@ -45,6 +45,12 @@ class ReportRow(BaseModel):
     match_rate: float | None
     baseline: str | None
     run: str
+    # GPU telemetry pooled over the repeats that recorded it (None on a machine without NVML)
+    power_w_mean: float | None = None
+    tokens_per_joule: float | None = None
+    usd_per_million_tokens: float | None = None
+    # `specdeploy project`'s step model fitted on the series' cells, at this point
+    predicted_output_tok_s: float | None = None
 
     @property
     def mode_label(self) -> str:
@@ -75,6 +81,12 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
     for cell in cells:
         histogram.update(cell.metrics.tau_histogram)
     comparison = run.summary.speedups.get(key.point_id)
+    telemetry = [c.telemetry for c in cells if c.telemetry is not None and c.telemetry.absent is None]
+    powers = [sum(g.power_w_mean or 0.0 for g in t.gpus) for t in telemetry]
+    energies = [
+        (c.metrics.output_tokens, c.telemetry.energy_j) for c in cells if c.telemetry and c.telemetry.energy_j
+    ]
+    dollars = [t.usd_per_million_tokens for t in telemetry if t.usd_per_million_tokens is not None]
     return ReportRow(
         series=series,
         dataset=key.dataset,
@@ -99,6 +111,9 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
         match_rate=comparison.output_match_rate if comparison else None,
         baseline=comparison.baseline_cell if comparison else None,
         run=str(run.path),
+        power_w_mean=sum(powers) / len(powers) if powers else None,
+        tokens_per_joule=sum(t for t, _ in energies) / sum(e for _, e in energies) if energies else None,
+        usd_per_million_tokens=sum(dollars) / len(dollars) if dollars else None,
     )
 
 

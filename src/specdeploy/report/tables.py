@@ -73,3 +73,20 @@ def comparison_tables(rows: list[ReportRow], series: list[Series]) -> list[Table
             table.add_row(*cells)
         tables.append(table)
     return tables
+
+
+def model_table(rows: list[ReportRow]) -> Table:
+    """Measured tok/s next to the step model's (`specdeploy project`, fitted on the same series' cells)."""
+    table = narrow_table("measured against the step model (specdeploy project)")
+    add_columns(
+        table,
+        ("series", "dataset", "mode", "load", "tok/s", "model", "off by"),
+        ("series", "dataset", "mode", "load"),
+        ("series",),
+    )
+    for row in rows:
+        if row.predicted_output_tok_s is not None:
+            off = row.predicted_output_tok_s / row.output_tok_s - 1 if row.output_tok_s > 0 else None
+            table.add_row(row.series, row.dataset, row.mode_label, row.load_label, num(row.output_tok_s),
+                          num(row.predicted_output_tok_s), "-" if off is None else f"{off:+.0%}")  # fmt: skip
+    return table
