@@ -6,10 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from huggingface_hub import HfApi
 from rich.console import Console
 
 from specdeploy.api_key import auth_headers, redact
@@ -39,6 +37,9 @@ from specdeploy.deploy.smoke import SmokeReport, compare_greedy, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 DEFAULT_HEALTH_TIMEOUT_S = 1800.0  # Kimi K2.6 on 8 GPUs loads ~600 GB of weights and captures CUDA graphs
 DEFAULT_STOP_GRACE_S = 30.0
@@ -121,6 +122,9 @@ def preview_up(
 
 
 def _server_info(base_url: str) -> dict | None:
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import httpx
+
     try:
         response = httpx.get(f"{base_url}/server_info", timeout=10.0, headers=auth_headers())
     except httpx.HTTPError:
@@ -262,6 +266,8 @@ def deployment_status(deployment: Deployment) -> dict:
     alive = launcher.is_running(deployment.handle)
     healthy = False
     if alive:
+        import httpx
+
         with httpx.Client(timeout=10.0, headers=auth_headers()) as client:
             healthy = probe(client, deployment.url, ["/health"])
     return {
