@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -385,3 +386,18 @@ def test_resume_from_another_working_directory(tmp_path: Path, monkeypatch: pyte
         campaign, Path("../camp"), resumed, resume=True, retry_failed=True, log=lambda _: None
     )
     assert resumed.starts == ["tp1-dflash"] and state.servers["tp1-dflash"].status == "complete"
+
+
+def test_dry_run_keeps_every_path_whole_at_80_columns(tmp_path: Path) -> None:
+    example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
+    out = tmp_path / ("a-long-campaign-directory-name-" * 2)
+    result = CliRunner().invoke(
+        app, ["campaign", str(example), "--dry-run", "--out", str(out)], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"campaign directory: {out}" in lines  # whole, on its own line
+    assert max(len(line) for line in lines if str(out) not in line and "://" not in line) <= 80
+    for server in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b32"):
+        whole = re.compile(rf"(^|\s)runs/{server}/mt-bench(,|$)")
+        assert any(whole.search(line.rstrip()) for line in lines), result.output

@@ -28,7 +28,8 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
     """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
     total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
     tree = Tree(
-        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells -> {out}"
+        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells, run "
+        "directories inside the campaign directory:"
     )
     for index, server in enumerate(servers, 1):
         branch = tree.add(f"{index}. start {server.id}: {server.plan.summary}")
@@ -39,13 +40,26 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
                 f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g}req/s"
                 for key in cells
             )
-            baseline = f", paired with {run.config.baseline_run}" if run.config.baseline_run else ""
+            # Paths relative to `out` (named once, above): whole paths would wrap mid-word at 80 columns.
+            baseline = (
+                f", paired with {_below(Path(run.config.baseline_run), out)}"
+                if run.config.baseline_run
+                else ""
+            )
             branch.add(
                 f"{run.dataset}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
-                f"-> {run.path}{baseline}"
+                f"-> {_below(run.path, out)}{baseline}"
             )
         branch.add("stop")
     return tree
+
+
+def _below(path: Path, out: Path) -> str:
+    """`path` relative to the campaign directory where it lies inside it (run paths are absolute or not)."""
+    for root in (out, out.resolve()):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return str(path)
 
 
 def state_table(state: CampaignState) -> Table:
@@ -96,9 +110,11 @@ def campaign(
     for server in servers:  # a launcher that cannot run these plans fails now, not at the first start
         get_launcher(launcher).command(server.plan, out / "servers" / server.id)
     if dry_run:
+        # Long paths and URLs on lines of their own, unwrapped, so that they stay whole for copying.
+        console.print(f"campaign directory: {out}", soft_wrap=True, markup=False, highlight=False)
         console.print(plan_tree(spec, servers, out, launcher))
         for line in check_datasets(spec, servers, out, download=False):
-            console.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
+            console.print(f"warning: {line}", style="yellow", soft_wrap=True, markup=False, highlight=False)
         return
     control = DeployControl(
         launcher,
