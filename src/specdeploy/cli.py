@@ -21,7 +21,12 @@ from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+    no_args_is_help=True,
+    add_completion=False,
+    help=__doc__,
+    pretty_exceptions_show_locals=False,
+    # Click's plain help: Rich's panels cut long option names ("--chat-template-k…") at 80 columns.
+    rich_markup_mode=None,
 )
 
 
