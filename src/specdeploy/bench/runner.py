@@ -35,7 +35,7 @@ from specdeploy.bench.results import (
 )
 from specdeploy.bench.workloads import Prompt, WorkloadOptions, load_prompts
 from specdeploy.errors import SpecdeployError
-from specdeploy.modes import Budget
+from specdeploy.modes import MODES, Budget
 
 Progress = Callable[[str, int, int | None], None]  # (cell id, requests done, requests planned)
 
@@ -174,6 +174,7 @@ async def _run(
             servers["baseline"] = await _connect(stack, config, config.baseline_url, prompts)
         if not run_dir.exists():
             info = {role: await s.client.get_json("/server_info") for role, s in servers.items()}
+            config = labelled_from_server(config, info["target"])
             run_dir.create(_manifest(config, deployment), info)
         todo = [key for key in config.cells() if key.id not in run_dir.finished_cells()]
         for role, server in servers.items():
@@ -221,6 +222,40 @@ async def _connect(stack: AsyncExitStack, config: BenchConfig, url: str, prompts
 async def _served_tokenizer(client: BenchClient) -> str | None:
     info = await client.get_json("/model_info") or {}
     return info.get("tokenizer_path") or info.get("model_path")
+
+
+def served_mode(info: dict[str, Any] | None) -> tuple[str | None, Budget | None]:
+    """The mode (and DDTree budget) a server's /server_info states: exact for the reference engine, which
+    names its own; from SGLang only whether it speculates ("ar" or None for speculating: SGLang's names for
+    the DFlash and DDTree algorithms vary with the build)."""
+    if not info:
+        return None, None
+    engine = info.get("engine")
+    if isinstance(engine, dict) and engine.get("mode") in MODES:
+        return engine["mode"], engine.get("budget") if engine["mode"] == "ddtree" else None
+    if "speculative_algorithm" in info and info["speculative_algorithm"] is None:
+        return "ar", None
+    return None, None
+
+
+def labelled_from_server(config: BenchConfig, info: dict[str, Any] | None) -> BenchConfig:
+    """--mode and --budget checked against what the server says it runs, or filled in from it when left out."""
+    mode, budget = served_mode(info)
+    speculating = info is not None and info.get("speculative_algorithm") is not None
+    where = f"the server at {config.url}"
+    if config.mode and mode is not None and config.mode != mode:
+        raise SpecdeployError(f"--mode {config.mode}, but {where} runs {mode} (its /server_info): fix --mode")
+    if config.mode == "ar" and speculating:
+        raise SpecdeployError(
+            f"--mode ar, but {where} runs {info['speculative_algorithm']} speculative decoding (its /server_info)"
+        )
+    if config.budget is not None and budget is not None and config.budget != budget:
+        raise SpecdeployError(
+            f"--budget {config.budget}, but {where} runs DDTree with budget {budget} (its /server_info): fix --budget"
+        )
+    if config.mode or mode is None:
+        return config
+    return config.model_copy(update={"mode": mode, "budget": config.budget if budget is None else budget})
 
 
 def _manifest(config: BenchConfig, deployment: dict[str, Any]) -> RunManifest:
