@@ -17,6 +17,7 @@ from specdeploy.campaign.runner import DeployControl, check_datasets, default_la
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
+from specdeploy.deploy.orphans import orphan_watch
 from specdeploy.deploy.plan_options import UPDATE_LOCK_HELP
 from specdeploy.errors import SpecdeployError
 from specdeploy.interrupts import sigterm_as_interrupt
@@ -116,25 +117,29 @@ def campaign(
         for line in check_datasets(spec, servers, out, download=False):
             console.print(f"warning: {line}", style="yellow", soft_wrap=True, markup=False, highlight=False)
         return
-    control = DeployControl(
-        launcher,
-        spec.health_timeout_s,
-        spec.smoke,
-        out / "servers",
-        Console(stderr=True),
-    )
-    # A campaign stopped by SIGTERM stops its server too (the server runs in its own process group).
-    with sigterm_as_interrupt(), cell_progress(console) as progress:
-        state = run_campaign(
-            spec,
-            out,
-            control,
-            resume=resume,
-            retry_failed=retry_failed,
-            log=console.print,
-            progress=progress,
-            lock=lock,
+    resume_command = f"specdeploy campaign {file} --out {out} --resume"
+    # A campaign stopped by SIGTERM stops its server too (the server runs in its own process group); one
+    # killed outright has its servers stopped by the watchdog (deploy/orphans.py).
+    try:
+        with orphan_watch() as owner, sigterm_as_interrupt(), cell_progress(console) as progress:
+            control = DeployControl(
+                launcher, spec.health_timeout_s, spec.smoke, out / "servers", Console(stderr=True), owner
+            )
+            state = run_campaign(
+                spec,
+                out,
+                control,
+                resume=resume,
+                retry_failed=retry_failed,
+                log=console.print,
+                progress=progress,
+                lock=lock,
+            )
+    except KeyboardInterrupt:
+        typer.echo(
+            f"campaign interrupted; its finished cells are kept: continue with `{resume_command}`", err=True
         )
+        raise typer.Exit(130) from None
     console.print(state_table(state))
     failed = [
         server_id for server_id, server in state.servers.items() if server.status in ("failed", "blocked")

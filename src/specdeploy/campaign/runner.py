@@ -49,6 +49,7 @@ from specdeploy.deploy.deployment import (
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.deploy.manifest import STATE_FILE as DEPLOY_STATE_FILE
 from specdeploy.deploy.manifest import read_manifest
+from specdeploy.deploy.processes import ProcessIdentity
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.recipes.lock import LockFile
@@ -76,9 +77,16 @@ class DeployControl:
     """deploy_up / deploy_down with the campaign's launcher; deployment records under the campaign."""
 
     def __init__(
-        self, launcher: LauncherName, health_timeout_s: float, smoke: bool, runs_root: Path, console: Console
+        self,
+        launcher: LauncherName,
+        health_timeout_s: float,
+        smoke: bool,
+        runs_root: Path,
+        console: Console,
+        owner: ProcessIdentity | None = None,
     ) -> None:
         self.launcher = launcher
+        self.owner = owner  # the process whose death deploy/orphans.py answers by stopping the servers
         self.health_timeout_s = health_timeout_s
         self.smoke = smoke
         self.runs_root = runs_root
@@ -94,6 +102,7 @@ class DeployControl:
             smoke=self.smoke,
             console=self.console,
             greedy_reference=self.ar_reference(plan) if self.smoke and plan.mode != "ar" else None,
+            owner=self.owner,
         )
 
     def ar_reference(self, plan: LaunchPlan) -> GreedyReference | None:

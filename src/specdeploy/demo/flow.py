@@ -33,6 +33,7 @@ from specdeploy.deploy.deployment import (
     deploy_up,
     deployment_facts,
 )
+from specdeploy.deploy.orphans import orphan_watch
 from specdeploy.errors import SpecdeployError
 from specdeploy.interrupts import sigterm_as_interrupt
 from specdeploy.plan.launch_plan import LaunchPlan
@@ -128,6 +129,7 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
             health_timeout_s=HEALTH_TIMEOUT_S,
             console=console,
             greedy_reference=reference,
+            owner=owner,
         )
         started.append(deployment)
         manifest = deployment.manifest
@@ -136,7 +138,7 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
             say(f"{label} server healthy in {manifest.startup_s:.1f} s{checked}")
         return deployment
 
-    with sigterm_as_interrupt():
+    with orphan_watch() as owner, sigterm_as_interrupt():
         try:
             ar = start("ar", None)
             smoke = ar.manifest.smoke if ar.manifest else None

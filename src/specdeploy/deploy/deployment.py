@@ -32,7 +32,9 @@ from specdeploy.deploy.manifest import (
     write_manifest,
     write_state,
 )
+from specdeploy.deploy.orphans import release_lease, take_lease
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
+from specdeploy.deploy.processes import ProcessIdentity
 from specdeploy.deploy.smoke import SmokeReport, compare_greedy, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
 from specdeploy.errors import SpecdeployError
@@ -146,11 +148,13 @@ def deploy_up(
     console: Console | None = None,
     show_preflight: Callable[[PreflightReport], None] | None = None,
     greedy_reference: GreedyReference | None = None,
+    owner: ProcessIdentity | None = None,
 ) -> Deployment:
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure.
 
     `show_preflight` sees the checks before anything is downloaded, whether they passed or not.
     `greedy_reference`: an AR server's smoke answers, which this server's greedy answers must reproduce.
+    `owner`: the process that will stop the server (deploy/orphans.py stops it if that process is killed).
     """
     console = console or Console(stderr=True)
     # Absolute, so that the recorded log path works from any directory a later command runs in.
@@ -173,7 +177,13 @@ def deploy_up(
     command = chosen.command(plan, run_dir)
     started_at = utc_now()
     start = time.monotonic()
-    handle = chosen.start(plan, run_dir)
+    if owner is not None:
+        take_lease(run_dir, owner)  # before the start: a kill right after it must not lose the server
+    try:
+        handle = chosen.start(plan, run_dir)
+    except BaseException:
+        release_lease(run_dir)
+        raise
     record = DeploymentRecord(
         state="starting", recipe=plan.recipe, mode=plan.mode, launcher=handle, updated_at=started_at
     )
@@ -228,6 +238,7 @@ def deploy_up(
         chosen.stop(handle, DEFAULT_STOP_GRACE_S)
         failed = record.model_copy(update={"state": "failed", "updated_at": utc_now(), "error": str(exc)})
         write_state(run_dir, failed)
+        release_lease(run_dir)
         raise
 
 
@@ -257,6 +268,7 @@ def deploy_down(deployment: Deployment, grace_s: float = DEFAULT_STOP_GRACE_S) -
     get_launcher(deployment.handle.launcher).stop(deployment.handle, grace_s)
     stopped = deployment.record.model_copy(update={"state": "stopped", "updated_at": utc_now()})
     write_state(deployment.run_dir, stopped)
+    release_lease(deployment.run_dir)
     return Deployment(run_dir=deployment.run_dir, record=stopped, manifest=deployment.manifest)
 
 
