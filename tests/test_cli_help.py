@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import typer
+from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.modes import ENGINE_MODES, MODES
@@ -59,3 +60,17 @@ def test_mode_options_list_their_choices():
             assert all(mode in param.help for mode in modes), (name, param.help)
             if name in ENGINE_COMMANDS:
                 assert "eagle3" not in param.help, name
+
+
+def test_every_help_names_each_option_whole_at_80_columns():
+    runner = CliRunner()
+    for name, command in _all().items():
+        result = runner.invoke(app, [*name.split(), "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, (name, result.output)
+        assert "…" not in result.output, (name, result.output)
+        assert max(len(line) for line in result.output.splitlines()) <= 80, name
+        words = set(result.output.replace("/", " ").replace(",", " ").split())
+        missing = [
+            opt for param in command.params for opt in param.opts if opt.startswith("--") and opt not in words
+        ]
+        assert missing == [], (name, missing)

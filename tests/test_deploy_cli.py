@@ -6,7 +6,6 @@ from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.deploy import deployment as deployment_module
-from specdeploy.deploy import preflight as preflight_module
 from specdeploy.deploy.deployment import deploy_up
 from specdeploy.deploy.hardware import detect_with_nvidia_smi
 from specdeploy.errors import SpecdeployError
@@ -35,7 +34,7 @@ def test_dry_run_on_the_wrong_machine_fails_with_the_table(tmp_path, monkeypatch
     monkeypatch.setattr(
         deployment_module, "detect_hardware", lambda: detect_with_nvidia_smi(recorded_nvidia_smi("h200-x1"))
     )
-    monkeypatch.setattr(preflight_module, "HfApi", OfflineHub)
+    monkeypatch.setattr("huggingface_hub.HfApi", OfflineHub)  # preflight imports it when it runs
     result = runner.invoke(
         app,
         ["up", "kimi-k2.6", "--hardware", "b200-x8", "--mode", "dflash", "--dry-run", "--launcher", "local"],

@@ -56,6 +56,13 @@ def test_load_command_reports_throughput_without_errors(server) -> None:
     assert report["mean_accept_length"] >= 1.0  # dflash reports spec_accept_length per request
 
 
+def test_the_model_is_named_by_its_target_as_given(server, random_pair: tuple[Path, Path]) -> None:
+    _, url = server
+    (model,) = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    assert model["id"] == str(random_pair[0])
+    assert httpx.get(url + "/server_info", timeout=10).json()["served_model_name"] == str(random_pair[0])
+
+
 def test_load_refuses_a_url_with_no_server() -> None:
     import asyncio
 

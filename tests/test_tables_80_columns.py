@@ -150,3 +150,28 @@ def test_zoo_list_shows_each_pairs_recorded_tau():
         values += [f"{tau.dflash:.2f}" if tau.dflash is not None else "-"]
         values += [f"{tau.ddtree:.2f} (b{tau.ddtree_budget})" if tau.ddtree is not None else "-"]
     assert_legible(result.output, values)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "hardware", "mode"),
+    [
+        ("kimi-k2.6", "rtx-pro-6000-x8", "dflash"),
+        ("kimi-k2.6", "b200-x8", "ddtree"),
+        ("tiny-code", "cpu", "ar"),
+    ],
+)
+def test_plan_text_fits_the_terminal_and_loses_no_word(recipe, hardware, mode):
+    result = CliRunner().invoke(
+        app, ["plan", recipe, "--hardware", hardware, "--mode", mode], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    wide = [line for line in result.output.splitlines() if len(line) > 80]
+    # Only a word that cannot be broken (a URL, a flag with its value) may stick out.
+    assert len(wide) <= 3, wide
+    assert all(any(len(word) > 40 for word in line.split()) for line in wide), wide
+    wide_terminal = CliRunner().invoke(
+        app, ["plan", recipe, "--hardware", hardware, "--mode", mode], env={"COLUMNS": "200"}
+    )
+    assert max(len(line) for line in wide_terminal.output.splitlines()) > 80  # at most 100 columns
+    # Wrapping moves words, never drops or cuts one.
+    assert result.output.split() == wide_terminal.output.split()

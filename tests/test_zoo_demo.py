@@ -63,4 +63,4 @@ def test_quick_demo_prints_the_engine_comparison_table() -> None:
 def test_demo_rejects_a_prompt_count_it_does_not_have() -> None:
     result = CliRunner().invoke(app, ["demo", "--prompts", "99"])
     assert result.exit_code != 0
-    assert "--prompts must be between 1 and" in str(result.exception)
+    assert "--num-prompts must be between 1 and" in str(result.exception)

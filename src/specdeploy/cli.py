@@ -12,6 +12,7 @@ from specdeploy.campaign import commands as campaign_commands
 from specdeploy.demo import command as demo_command
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.deploy import plan_commands
+from specdeploy.deploy.orphans import reap_orphans
 from specdeploy.errors import SpecdeployError
 from specdeploy.lab import commands as lab_commands
 from specdeploy.lock import commands as lock_commands
@@ -22,7 +23,12 @@ from specdeploy.server import commands as server_commands
 from specdeploy.zoo import cli as zoo_cli
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+    no_args_is_help=True,
+    add_completion=False,
+    help=__doc__,
+    pretty_exceptions_show_locals=False,
+    # Click's plain help: Rich's panels cut long option names ("--chat-template-k…") at 80 columns.
+    rich_markup_mode=None,
 )
 
 
@@ -34,6 +40,7 @@ def fail(message: str) -> None:
 
 def main() -> None:
     try:
+        reap_orphans(lambda line: typer.echo(line, err=True))  # servers of a killed campaign or demo
         app()
     except SpecdeployError as exc:
         fail(" ".join(str(exc).split()))

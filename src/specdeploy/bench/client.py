@@ -18,14 +18,15 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from specdeploy.api_key import auth_headers
 from specdeploy.bench.http_stream import BadResponse, EventHandler, StreamBroken, StreamingPoster
 from specdeploy.bench.payloads import ROUTE_PATHS, Route
 from specdeploy.bench.results import RequestRecord
+
+if TYPE_CHECKING:
+    import aiohttp
 
 # Error kinds. CONNECTION and STREAM mean the server stopped answering mid-request.
 CONNECTION = "connection"
@@ -91,6 +92,8 @@ class BenchClient:
         self._poster: StreamingPoster | None = None
 
     async def __aenter__(self) -> BenchClient:
+        import aiohttp  # here, not at module level: aiohttp costs `specdeploy --help` half a second
+
         self._session = aiohttp.ClientSession(
             headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
         )
@@ -117,6 +120,8 @@ class BenchClient:
 
     async def get_json(self, path: str) -> Any | None:
         """GET a JSON route; None when the server does not have it or does not answer."""
+        import aiohttp
+
         try:
             async with self.session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status != 200:
@@ -126,6 +131,8 @@ class BenchClient:
             return None
 
     async def healthy(self) -> bool:
+        import aiohttp
+
         try:
             async with self.session.get(
                 self.url + "/health", timeout=aiohttp.ClientTimeout(total=30)
@@ -136,6 +143,8 @@ class BenchClient:
 
     async def flush_cache(self) -> bool:
         """Empty the server's prefix cache (and its cumulative counters); False where unsupported."""
+        import aiohttp
+
         for method in ("POST", "GET"):  # SGLang has taken both over its versions
             try:
                 async with self.session.request(

@@ -98,9 +98,13 @@ def bench(
         None, help="Model name for the OpenAI routes (default: from /v1/models)."
     ),
     mode: str = typer.Option(
-        "", help=f"Label of the target's mode in the results, not checked (e.g. {', '.join(MODES)})."
+        "",
+        help=f"The target's mode ({', '.join(MODES)}), checked against its /server_info; left out: taken from "
+        "there where the server names it.",
     ),
-    budget: str | None = typer.Option(None, help="Label: the target's DDTree budget (a number or auto)."),
+    budget: str | None = typer.Option(
+        None, help="The target's DDTree budget (a number or auto), checked the same way."
+    ),
     timeout: float = typer.Option(600.0, help="Seconds before a request counts as timed out."),
     seed: int = typer.Option(0, help="Seed of random prompts and Poisson arrivals."),
     random_input_len: int = typer.Option(512, help="random dataset: prompt tokens."),

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from specdeploy.bench.client import BenchClient, RequestLabel
 from specdeploy.bench.collector import collector_paused
 from specdeploy.bench.fakeserver import StreamPlan
@@ -233,6 +231,8 @@ def log_ttft_ms(entries: list[dict[str, Any]]) -> list[float]:
 
 def log_itl_ms(entries: list[dict[str, Any]], kind: str) -> list[float]:
     """The log's ITL: per token (each chunk's gap spread over its tokens), or one mean per request."""
+    import numpy as np  # here, not at module level: numpy slows `specdeploy --help`
+
     values: list[float] = []
     for e in entries:
         gaps = np.diff(e["writes_ns"]) / 1e6
@@ -246,6 +246,8 @@ def log_itl_ms(entries: list[dict[str, Any]], kind: str) -> list[float]:
 
 
 def _error(client: list[float], log: list[float]) -> tuple[float, float] | None:
+    import numpy as np
+
     if not client or not log:
         return None
     mine, truth = np.percentile(client, [50, 99]), np.percentile(log, [50, 99])

@@ -31,11 +31,18 @@ def _load(cell: CellSummary) -> str:
     return f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g} req/s"
 
 
+# Why a speedup and the ratio of two tok/s figures can disagree (even rank two modes differently).
+SPEEDUP_NOTE = (
+    "speedup: the baseline's time per output token over the target's, paired prompt by prompt; tok/s: output "
+    "tokens over the cell's wall time, gaps between requests included"
+)
+
+
 def summary_table(summary: RunSummary) -> Table:
     """One row per cell, key columns only: tokens/s, TTFT, tau, errors and the paired speedup (95% CI).
 
     summary.json (`bench --json`) and the report hold every other figure (req/s, TPOT, ITL, chunk gap, ...)."""
-    table = narrow_table("bench results (TTFT p50 in ms; speedup with 95% bootstrap CI)")
+    table = narrow_table("bench results (TTFT p50 in ms; speedup with 95% bootstrap CI)", SPEEDUP_NOTE)
     add_columns(
         table,
         ("cell", "load", "rep", "tok/s", "TTFT", "tau", "err", "speedup", "match"),
@@ -62,7 +69,7 @@ def summary_table(summary: RunSummary) -> Table:
 
 
 def speedup_table(summary: RunSummary) -> Table:
-    table = narrow_table("speedup per load point, all repeats pooled")
+    table = narrow_table("speedup per load point, all repeats pooled", SPEEDUP_NOTE)
     add_columns(table, ("load point", "pairs", "speedup", "match"), ("load point",), ("load point",))
     for point, comparison in summary.speedups.items():
         match = comparison.output_match_rate

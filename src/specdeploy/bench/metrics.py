@@ -23,11 +23,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from specdeploy.bench.client import error_kind
 from specdeploy.bench.results import CellMetrics, Comparison, Distribution, Interval, RequestRecord
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NS_PER_MS = 1e6
 TAU_BIN = 0.5
@@ -76,6 +78,8 @@ def request_timing(record: RequestRecord) -> RequestTiming | None:
 
 
 def distribution(values: Iterable[float]) -> Distribution:
+    import numpy as np  # here, not at module level: numpy slows `specdeploy --help`
+
     array = np.asarray(list(values), dtype=float)
     if array.size == 0:
         return Distribution()
@@ -168,6 +172,8 @@ def speedup_interval(
     pairs: Sequence[Pair], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> Interval | None:
     """Speedup with a percentile bootstrap CI over repeats, then requests within each repeat."""
+    import numpy as np
+
     if not pairs:
         return None
     repeats = sorted({p.repeat for p in pairs})
@@ -197,6 +203,8 @@ def speedup_interval(
 
 def _speedup(totals: np.ndarray) -> np.ndarray:
     """(baseline seconds per token) / (target seconds per token) for rows of summed columns."""
+    import numpy as np
+
     with np.errstate(divide="ignore", invalid="ignore"):
         return (totals[:, 0] / totals[:, 1]) / (totals[:, 2] / totals[:, 3])
 

@@ -13,8 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -92,6 +90,8 @@ class CpuSampler:
 
     def between(self, start_ns: int, end_ns: int) -> float | None:
         """CPU seconds the tree spent from start_ns to end_ns, interpolated between samples."""
+        import numpy as np  # here, not at module level: numpy slows `specdeploy --help`
+
         if len(self.times_ns) < 2 or not self.times_ns[0] <= start_ns < end_ns <= self.times_ns[-1]:
             return None
         at = np.interp([start_ns, end_ns], self.times_ns, self.cpu_s)

@@ -36,7 +36,7 @@ from specdeploy.bench.results import (
 from specdeploy.bench.telemetry import CellSampler, cell_sampler
 from specdeploy.bench.workloads import Prompt, WorkloadOptions, load_prompts
 from specdeploy.errors import SpecdeployError
-from specdeploy.modes import Budget
+from specdeploy.modes import MODES, Budget
 
 Progress = Callable[[str, int, int | None], None]  # (cell id, requests done, requests planned)
 
@@ -86,6 +86,19 @@ class BenchConfig(BaseModel):
         for url in (self.url, self.baseline_url):
             if url is not None and not url.startswith(("http://", "https://")):
                 raise SpecdeployError(f"{url!r} is not a server URL: write it as http://HOST:PORT")
+
+    def workload(self) -> WorkloadOptions:
+        """The prompts this run sends, as `load_prompts` takes them."""
+        return WorkloadOptions(
+            dataset=self.dataset,
+            data_dir=Path(self.data_dir) if self.data_dir else None,
+            num_prompts=self.num_prompts,
+            category=self.category,
+            random_input_len=self.random_input_len,
+            random_output_len=self.random_output_len,
+            random_vocab_size=self.random_vocab_size,
+            seed=self.seed,
+        )
 
     @property
     def sampling(self) -> Sampling:
@@ -153,18 +166,7 @@ class _Server:
 async def _run(
     config: BenchConfig, run_dir: RunDirectory, progress: Progress, deployment: dict[str, Any]
 ) -> RunSummary:
-    prompts = load_prompts(
-        WorkloadOptions(
-            dataset=config.dataset,
-            data_dir=Path(config.data_dir) if config.data_dir else None,
-            num_prompts=config.num_prompts,
-            category=config.category,
-            random_input_len=config.random_input_len,
-            random_output_len=config.random_output_len,
-            random_vocab_size=config.random_vocab_size,
-            seed=config.seed,
-        )
-    )
+    prompts = load_prompts(config.workload())
     baseline_run = RunDirectory(config.baseline_run) if config.baseline_run else None
     if baseline_run is not None and not baseline_run.exists():
         raise SpecdeployError(f"--baseline-run {config.baseline_run} is not a run directory")
@@ -174,6 +176,7 @@ async def _run(
             servers["baseline"] = await _connect(stack, config, config.baseline_url, prompts)
         if not run_dir.exists():
             info = {role: await s.client.get_json("/server_info") for role, s in servers.items()}
+            config = labelled_from_server(config, info["target"])
             run_dir.create(_manifest(config, deployment), info)
         todo = [key for key in config.cells() if key.id not in run_dir.finished_cells()]
         for role, server in servers.items():
@@ -223,6 +226,40 @@ async def _connect(stack: AsyncExitStack, config: BenchConfig, url: str, prompts
 async def _served_tokenizer(client: BenchClient) -> str | None:
     info = await client.get_json("/model_info") or {}
     return info.get("tokenizer_path") or info.get("model_path")
+
+
+def served_mode(info: dict[str, Any] | None) -> tuple[str | None, Budget | None]:
+    """The mode (and DDTree budget) a server's /server_info states: exact for the reference engine, which
+    names its own; from SGLang only whether it speculates ("ar" or None for speculating: SGLang's names for
+    the DFlash and DDTree algorithms vary with the build)."""
+    if not info:
+        return None, None
+    engine = info.get("engine")
+    if isinstance(engine, dict) and engine.get("mode") in MODES:
+        return engine["mode"], engine.get("budget") if engine["mode"] == "ddtree" else None
+    if "speculative_algorithm" in info and info["speculative_algorithm"] is None:
+        return "ar", None
+    return None, None
+
+
+def labelled_from_server(config: BenchConfig, info: dict[str, Any] | None) -> BenchConfig:
+    """--mode and --budget checked against what the server says it runs, or filled in from it when left out."""
+    mode, budget = served_mode(info)
+    speculating = info is not None and info.get("speculative_algorithm") is not None
+    where = f"the server at {config.url}"
+    if config.mode and mode is not None and config.mode != mode:
+        raise SpecdeployError(f"--mode {config.mode}, but {where} runs {mode} (its /server_info): fix --mode")
+    if config.mode == "ar" and speculating:
+        raise SpecdeployError(
+            f"--mode ar, but {where} runs {info['speculative_algorithm']} speculative decoding (its /server_info)"
+        )
+    if config.budget is not None and budget is not None and config.budget != budget:
+        raise SpecdeployError(
+            f"--budget {config.budget}, but {where} runs DDTree with budget {budget} (its /server_info): fix --budget"
+        )
+    if config.mode or mode is None:
+        return config
+    return config.model_copy(update={"mode": mode, "budget": config.budget if budget is None else budget})
 
 
 def _manifest(config: BenchConfig, deployment: dict[str, Any]) -> RunManifest:

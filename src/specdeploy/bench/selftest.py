@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from specdeploy.bench.client import BenchClient, RequestLabel
 from specdeploy.bench.collector import collector_paused
 from specdeploy.bench.fakeserver import StreamPlan
@@ -172,6 +170,8 @@ def _judge(
     concurrency: int,
     plan: StreamPlan,
 ) -> LevelResult:
+    import numpy as np  # here, not at module level: numpy slows `specdeploy --help`
+
     ttft_errors, lags, itl_errors, ttft_vs_plan = [], [], [], []
     for record in records:
         logged = truth.get(rids[record.index])

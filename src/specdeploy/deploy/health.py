@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import httpx
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from specdeploy.api_key import auth_headers
 from specdeploy.errors import SpecdeployError
+
+if TYPE_CHECKING:
+    import httpx
 
 LOG_TAIL_LINES = 40
 # /health_generate runs one real decode step (SGLang); /health only says the HTTP server is up.
@@ -33,6 +36,9 @@ class ServerStartError(SpecdeployError):
 
 def probe(client: httpx.Client, base_url: str, routes: list[str]) -> bool:
     """One health probe; drops /health_generate from `routes` for servers that do not have it."""
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import httpx
+
     try:
         response = client.get(base_url + routes[0])
     except httpx.HTTPError:
@@ -52,6 +58,8 @@ def wait_for_health(
     console: Console | None = None,
 ) -> float:
     """Poll until healthy; returns the seconds it took. Raises ServerStartError with the log tail."""
+    import httpx
+
     routes = list(HEALTH_ROUTES)
     start = time.monotonic()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())

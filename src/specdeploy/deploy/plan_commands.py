@@ -5,6 +5,7 @@ plan a profile: plan itself stays pure."""
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated
 
 import typer
@@ -12,6 +13,7 @@ import typer
 from specdeploy.deploy import hardware as detection
 from specdeploy.deploy.plan_options import PlanOverrides, plan_with, with_plan_options
 from specdeploy.plan.render import RENDERERS, render_plan
+from specdeploy.plan.render.text import WIDTH
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
 from specdeploy.recipes.schema import HardwareProfile
 
@@ -38,7 +40,9 @@ def plan(
 
     Uses the recipe's lock file when there is one (`specdeploy lock`) and refuses one that drifted."""
     launch_plan = plan_with(recipe, resolve_hardware(hardware), overrides)
-    typer.echo(render_plan(launch_plan, fmt), nl=False)
+    # COLUMNS or the terminal's width, at most the renderer's own; 100 where output goes to a pipe or file.
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
+    typer.echo(render_plan(launch_plan, fmt, width), nl=False)
 
 
 def recipes() -> None:

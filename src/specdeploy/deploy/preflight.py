@@ -10,11 +10,8 @@ import subprocess
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import huggingface_hub
-from huggingface_hub import HfApi
-from huggingface_hub.errors import HfHubHTTPError, HTTPError
 from pydantic import BaseModel
 
 from specdeploy.deploy.hardware import (
@@ -28,6 +25,9 @@ from specdeploy.deploy.launchers import LauncherName
 from specdeploy.deploy.weights import cached_bytes, hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import GpuRequirement, LaunchPlan, ModelRef
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 
 class _FreeSpace(Protocol):
@@ -176,6 +176,9 @@ def check_disk(
 
 def check_hf_token(models: list[ModelRef]) -> CheckResult:
     gated = [model.path for model in models if model.gated and model_location(model.path) == "hub"]
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import huggingface_hub
+
     if huggingface_hub.get_token():
         return _ok("hf token", "a Hugging Face token is configured (HF_TOKEN or the token file)")
     if gated:
@@ -189,6 +192,8 @@ def check_hf_token(models: list[ModelRef]) -> CheckResult:
 
 def check_repo_access(model: ModelRef, api: HfApi) -> CheckResult:
     """401, 403 and 404 each mean something different here; say which, and what to do."""
+    from huggingface_hub.errors import HfHubHTTPError, HTTPError
+
     name = f"access {model.path}"
     page = model.access_url or f"https://huggingface.co/{model.path}"
     try:
@@ -348,6 +353,8 @@ def run_preflight(
     if hub_models:
         checks.append(check_disk(plan.models, cache_dir or hub_cache_dir(), disk_usage))
         checks.append(check_hf_token(plan.models))
+        from huggingface_hub import HfApi
+
         api = api or HfApi()
         checks += [check_repo_access(model, api) for model in hub_models]
     if launcher == "docker":

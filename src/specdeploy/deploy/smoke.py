@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import httpx
 from pydantic import BaseModel
 
 from specdeploy.api_key import auth_headers
 from specdeploy.errors import SpecdeployError
+
+if TYPE_CHECKING:
+    import httpx
 
 SMOKE_PROMPTS = (
     "Question: Natalia sold 48 clips in April and half as many in May. How many clips did she sell in total?\n"
@@ -56,6 +59,9 @@ class SmokeReport(BaseModel):
 
 
 def generate(client: httpx.Client, base_url: str, prompt: str, max_new_tokens: int) -> SmokeResult:
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import httpx
+
     payload = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
     start = time.perf_counter()
     try:
@@ -110,6 +116,8 @@ def run_smoke_test(
     max_new_tokens: int = 64,
     timeout_s: float = 300.0,
 ) -> SmokeReport:
+    import httpx
+
     with httpx.Client(timeout=timeout_s, headers=auth_headers()) as client:
         results = [generate(client, base_url, prompt, max_new_tokens) for prompt in prompts]
     warnings = [f"prompt {i} produced no tokens" for i, r in enumerate(results) if r.completion_tokens == 0]

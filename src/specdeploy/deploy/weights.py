@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from huggingface_hub import constants, snapshot_download
-from huggingface_hub.errors import HTTPError, LocalEntryNotFoundError
-from huggingface_hub.file_download import repo_folder_name
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -37,11 +34,16 @@ def model_location(path: str) -> ModelLocation:
 
 def hub_cache_dir() -> Path:
     """Where huggingface_hub keeps downloads (HF_HUB_CACHE, HF_HOME/hub, or ~/.cache/huggingface/hub)."""
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    from huggingface_hub import constants
+
     return Path(constants.HF_HUB_CACHE)
 
 
 def cached_bytes(repo_id: str, cache_dir: Path) -> int:
     """Bytes of `repo_id` already downloaded into the Hub cache (finished files only)."""
+    from huggingface_hub.file_download import repo_folder_name
+
     blobs = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
     if not blobs.is_dir():
         return 0
@@ -101,6 +103,9 @@ def download_from_hub(
 ) -> Path:
     """snapshot_download at the pinned revision. Finished files stay in the cache, so a rerun after an
     interruption fetches only the missing ones (huggingface_hub >= 2 restarts a half-finished file)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HTTPError, LocalEntryNotFoundError
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

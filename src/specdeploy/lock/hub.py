@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import os
-
-from huggingface_hub import HfApi
-from huggingface_hub.errors import HfHubHTTPError, HTTPError
+from typing import TYPE_CHECKING
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.locking import UNPINNED
 from specdeploy.recipes.lock import LockedFile, LockedModel
 from specdeploy.recipes.schema import ModelFacts
 
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
 
 def hub_api() -> HfApi:
     """An API client for HF_ENDPOINT as set now (huggingface_hub reads it only once, at import)."""
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    from huggingface_hub import HfApi
+
     return HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
 
 
 def lock_model(model: ModelFacts, api: HfApi) -> LockedModel:
     """The commit `model.revision` (or `main`) points to now, and every file of the repo at that commit."""
+    from huggingface_hub.errors import HfHubHTTPError, HTTPError
+
     requested = model.revision or UNPINNED
     try:
         info = api.model_info(model.path, revision=requested, files_metadata=True)

@@ -6,10 +6,12 @@ import os
 import re
 import subprocess
 import sys
-
-import httpx
+from typing import TYPE_CHECKING
 
 from specdeploy.errors import SpecdeployError
+
+if TYPE_CHECKING:
+    import httpx
 
 # A registry (or mirror) to ask instead of the one the image name implies, as HF_ENDPOINT is for the Hub.
 REGISTRY_URL_ENV = "SPECDEPLOY_REGISTRY_URL"
@@ -47,6 +49,9 @@ def registry_digest(
     reference: str, registry_url: str | None = None, client: httpx.Client | None = None
 ) -> str:
     """HEAD the manifest of `reference`; on 401 fetch an anonymous pull token as the registry's challenge says."""
+    # Imported here: httpx and huggingface_hub cost `specdeploy --help` a good part of a second.
+    import httpx
+
     host, repository, tag = split_reference(reference)
     base = (
         registry_url

@@ -12,7 +12,6 @@ from rich.console import Console
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.project import fitted_output_tok_s
 from specdeploy.report.html import render_html
-from specdeploy.report.plots import all_plots
 from specdeploy.report.rows import ReportRow, report_document, report_rows
 from specdeploy.report.runs import Series, load_series
 from specdeploy.report.tables import comparison_tables, model_table, rows_tables, series_table
@@ -46,6 +45,8 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[list[Series], list[Re
         raise SpecdeployError(
             f"the runs in {', '.join(map(str, run_dirs))} have no finished cell yet: nothing to report"
         )
+    from specdeploy.report.plots import all_plots  # matplotlib: only when a report is written
+
     page = render_html(series, rows, all_plots(rows, [s.label for s in series]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

@@ -227,7 +227,7 @@ def pareto_plot(rows: list[ReportRow], palette: Palette) -> str | None:
 
 def tau_histogram_plot(rows: list[ReportRow], palette: Palette) -> str | None:
     """Share of requests per acceptance-length bin (0.5 wide), all loads pooled, per mode and series."""
-    speculative = [r for r in rows if r.tau_histogram and r.mode not in ("ar", "baseline")]
+    speculative = [r for r in rows if r.tau_histogram and r.mode != "ar"]
     if not speculative:
         return None
     datasets = _by_dataset(speculative)

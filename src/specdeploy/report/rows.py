@@ -18,13 +18,13 @@ from specdeploy.modes import Budget, budget_order
 from specdeploy.report.runs import LoadedRun, Series
 
 REPORT_SCHEMA = "specdeploy.report/1"
-MODE_ORDER = {"ar": 0, "baseline": 0, "dflash": 1, "ddtree": 2, "eagle3": 3}
+MODE_ORDER = {"ar": 0, "dflash": 1, "ddtree": 2, "eagle3": 3}
 
 
 class ReportRow(BaseModel):
     series: str
     dataset: str
-    mode: str  # "baseline" for the AR baseline cells of a `bench --baseline-url` run
+    mode: str  # "ar" also for the AR baseline cells of a `bench --baseline-url` run
     budget: Budget | None
     concurrency: int | None
     request_rate: float | None
@@ -67,8 +67,10 @@ class ReportRow(BaseModel):
 
 
 def _mode(key: CellKey) -> str:
+    # A `bench --baseline-url` baseline is an AR server: labelled as an AR run's cells (a campaign's or the
+    # demo's), so that side by side they share one row.
     if key.role == "baseline":
-        return "baseline"
+        return "ar"
     return key.mode or "-"
 
 

@@ -45,7 +45,8 @@ def serve(
         int, typer.Option(help="Requests waiting or running at once; more are refused with 503.")
     ] = 256,
     served_model_name: Annotated[
-        str | None, typer.Option(help="Model id in the API (default: target dir name).")
+        str | None,
+        typer.Option(help="Model id in the API (default: --target as given, a path or zoo:NAME, as SGLang)."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
@@ -110,7 +111,8 @@ def serve(
     config = ServerConfig(
         max_queued_requests=max_queued_requests,
         max_running_requests=max_running_requests,
-        served_model_name=served_model_name,
+        # SGLang names a model by its --model-path; a zoo pair's directory alone would read "target".
+        served_model_name=served_model_name or target,
         budget_policy=policy,
     )
     guard = HttpGuard(api_key=api_key or None, max_body_bytes=max_request_bytes)

@@ -45,7 +45,10 @@ def list_command(
         for row in rows:
             typer.echo(json.dumps(row))
         return
-    table = narrow_table("specdeploy zoo (tau: as the pair's card records it)")
+    table = narrow_table(
+        "specdeploy zoo (tau: as the pair's card records it, on its held-out prompts; ddtree at the budget "
+        "shown; `specdeploy zoo eval NAME` measures it again)"
+    )
     add_columns(
         table,
         ("name", "family", "target", "drafter", "on disk", "dflash tau", "ddtree tau"),

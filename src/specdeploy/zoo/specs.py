@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from transformers import DeepseekV3Config, PretrainedConfig, Qwen3Config, Qwen3NextConfig
+from typing import TYPE_CHECKING
 
 from specdeploy.engine.drafter_config import new_drafter_config
 from specdeploy.errors import SpecdeployError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 VOCAB_SIZE = 2048
 MAX_POSITIONS = 2048
@@ -98,6 +100,8 @@ def pair_spec(name: str) -> PairSpec:
 
 def target_config(spec: PairSpec, eos_token_id: int, scale: float = 1.0) -> PretrainedConfig:
     """The target's transformers config; `scale` < 1 shrinks widths and depth for quick CPU runs."""
+    # Imported here: transformers pulls in torch, which `specdeploy --help` must not pay for.
+    from transformers import DeepseekV3Config, Qwen3Config, Qwen3NextConfig
 
     def width(n: int, multiple: int = 32) -> int:
         return max(multiple, int(n * scale) // multiple * multiple)

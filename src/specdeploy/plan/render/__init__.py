@@ -28,7 +28,10 @@ RENDERERS: dict[str, Callable[[LaunchPlan], str]] = {
 }
 
 
-def render_plan(plan: LaunchPlan, fmt: str) -> str:
+def render_plan(plan: LaunchPlan, fmt: str, width: int | None = None) -> str:
+    """`width`: the columns the text format wraps its prose at (the other formats are files, not prose)."""
     if fmt not in RENDERERS:
         raise SpecdeployError(f"unknown format {fmt!r}: choose one of {', '.join(RENDERERS)}")
+    if fmt == "text" and width is not None:
+        return render_text(plan, width)
     return RENDERERS[fmt](plan)
