@@ -122,6 +122,7 @@ class EngineService:
             if not gen.finished:  # the consumer left early: the client disconnected
                 gen.abort("The client disconnected before the generation finished.", 499)
             gen.budgets = list(job.budgets)
+            gen.predicted = list(job.predicted)
             self.stats.record(gen)
 
     async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:
