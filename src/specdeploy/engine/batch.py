@@ -39,7 +39,7 @@ class Request:
     rules: StopRules | None = None
     runner: StepRunner | None = None
     budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step
-    predicted: list[float] = field(default_factory=list)  # its predicted tokens at each step (adaptive budget)
+    predicted: list[float] = field(default_factory=list)  # tokens predicted per step (adaptive budget)
     finished: bool = False
     cancelled: bool = False
 

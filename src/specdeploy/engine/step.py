@@ -132,7 +132,7 @@ class StepRunner:
         self._trees: dict[int, TreeBuffers] = {}
         self.sampling_ready = False  # a row has sampled: every tree size keeps verify logits
         self.curve_budgets: list[int] = []  # budgets whose expected acceptance each DDTree step predicts
-        self.expected: list[list[float]] | None = None  # the last step's prediction: per running row, per budget
+        self.expected: list[list[float]] | None = None  # the last step's: per running row, per budget
         self._allocate()
 
     @property

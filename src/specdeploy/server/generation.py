@@ -135,7 +135,8 @@ class Generation:
         if self.budgets:  # an adaptive budget: the tree size of each verify step (0: an AR step)
             metrics["ddtree_budgets"] = self.budgets
             if self.predicted:  # predicted against realised tokens per step (bonus included)
-                metrics["ddtree_predicted_accept_length"] = round(sum(self.predicted) / len(self.predicted), 4)
+                predicted = sum(self.predicted) / len(self.predicted)
+                metrics["ddtree_predicted_accept_length"] = round(predicted, 4)
                 metrics["ddtree_accept_length"] = round(sum(self.accept_lengths) / self.verify_ct, 4)
         return metrics
 
