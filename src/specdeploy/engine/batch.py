@@ -94,7 +94,9 @@ class BatchEngine:
         self.startup_s = time.perf_counter() - started
 
     def _make_runner(self, rows: int) -> StepRunner:
-        runner = StepRunner(self.target, self.drafter, self.mode, self.budget, rows=rows, **self._runner_options)
+        runner = StepRunner(
+            self.target, self.drafter, self.mode, self.budget, rows=rows, **self._runner_options
+        )
         if self.policy is not None and self.policy.drafting:
             runner.predict_acceptance(self.policy.drafting)
         return runner
@@ -197,7 +199,9 @@ class BatchEngine:
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
-            if self.policy is not None:  # the tree's prediction for this request, before this step is folded in
+            if (
+                self.policy is not None
+            ):  # the tree's prediction for this request, before this step is folded in
                 own = expected[row][self.policy.drafting.index(budget)] if expected and budget else 1.0
                 request.predicted.append(self.policy.calibrated(budget, own))
             events.append(self._event(request, tokens, verified))
