@@ -199,9 +199,7 @@ class BatchEngine:
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
-            if (
-                self.policy is not None
-            ):  # the tree's prediction for this request, before this step is folded in
+            if self.policy is not None:  # this request's tree prediction, before the step is folded in
                 own = expected[row][self.policy.drafting.index(budget)] if expected and budget else 1.0
                 request.predicted.append(self.policy.calibrated(budget, own))
             events.append(self._event(request, tokens, verified))
