@@ -11,22 +11,20 @@ the drafter only takes in the step's features, so it is current when drafting re
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
-  calibrates it against the tokens really committed at the budgets it ran (the ratio of realised to
-  predicted accepted draft tokens; a budget not yet run takes the ratio of the nearest one that was), so no
-  budget needs to be tried to be estimated;
+  calibrates it by one factor, the ratio of realised to predicted accepted draft tokens over the drafting
+  steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
 and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b), where cost(r, b) is
 the start-up cost times the median ratio of measured to predicted time over the budget's recent steps (real
 steps read longer contexts than the start-up ones; a budget not yet measured takes the median ratio of those
 that were). Every `explore_every`-th choice takes the best budget whose cost is not yet measured, or else the
-runner-up, so every budget's cost gets measured and the calibration of more than one budget stays current
-(and a run of AR steps, which predicts nothing, is broken by a drafting step now and then).
+runner-up, so every budget's cost gets measured (and a run of AR steps, which predicts nothing, is broken by a
+drafting step now and then).
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
 import time
 from collections import deque
@@ -39,8 +37,8 @@ from specdeploy.errors import SpecdeployError
 if TYPE_CHECKING:
     from specdeploy.engine.step import StepRunner
 
-MIN_SAMPLES = 3  # steps at a budget before its calibration (or its measured cost) is trusted
-EWMA = 0.05  # weight of each new step in the running means of predicted and realised acceptance
+MIN_SAMPLES = 3  # steps before the calibration, or a budget's measured cost, is trusted
+EWMA = 0.05  # weight of a new step in the running means of acceptance (a plain mean over the first 1/EWMA)
 COST_WINDOW = 16  # recent steps per budget whose measured/predicted time ratios are kept (median: robust to
 # the few steps that include compiling or capturing a new CUDA graph)
 
@@ -108,6 +106,12 @@ def measure_step_cost(runner: StepRunner, budgets: list[int], repeats: int = 3) 
     return StepCost(by_budget)
 
 
+def running_mean(mean: float, value: float, count: int) -> float:
+    """Fold the `count`-th value in: a plain mean over the first 1/EWMA values, exponential after."""
+    weight = max(EWMA, 1 / count)
+    return (1 - weight) * mean + weight * value
+
+
 class BudgetPolicy:
     def __init__(self, budgets: list[int], cost: StepCost | None = None, explore_every: int = 20) -> None:
         """`budgets`: the choices, 0 (an AR step) among them or not; `cost`: the start-up step cost, None until
@@ -123,18 +127,17 @@ class BudgetPolicy:
         self.realised = dict.fromkeys(self.budgets, 0.0)  # running mean of tokens committed, at each budget
         self.predicted_at = dict.fromkeys(self.budgets, 0.0)  # the same steps' prediction for that budget
         self.samples = dict.fromkeys(self.budgets, 0)
+        # running means over drafting steps of the accepted draft tokens realised and predicted (at the budget run)
+        self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
         self.choices = 0
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
         self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}  # measured / predicted
 
-    def calibration(self, budget: int) -> float:
-        """Realised over predicted accepted draft tokens at `budget`, or at the nearest budget run enough
-        (1 while none is)."""
-        run = [b for b in self.drafting if self.samples[b] >= MIN_SAMPLES and self.predicted_at[b] > 1]
-        if not run:
+    def calibration(self) -> float:
+        """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
+        if self.calibration_steps < MIN_SAMPLES or self.predicted_drafts <= 0:
             return 1.0
-        nearest = min(run, key=lambda b: (abs(math.log2(b / budget)), b))
-        return max(0.0, self.realised[nearest] - 1) / (self.predicted_at[nearest] - 1)
+        return self.realised_drafts / self.predicted_drafts
 
     def estimate(self, budget: int) -> float:
         """Expected tokens per request per step at `budget`: 1 for an AR step; else the trees' calibrated
@@ -144,11 +147,11 @@ class BudgetPolicy:
             return 1.0
         if not self.predictions:
             return float(budget + 1)
-        return 1 + self.calibration(budget) * (self.predicted[budget] - 1)
+        return 1 + self.calibration() * (self.predicted[budget] - 1)
 
     def calibrated(self, budget: int, predicted: float) -> float:
         """A tree's own prediction at `budget` for one request, calibrated as the policy's estimate is."""
-        return 1.0 if budget == 0 else 1 + self.calibration(budget) * (predicted - 1)
+        return 1.0 if budget == 0 else 1 + self.calibration() * (predicted - 1)
 
     def step_seconds(self, running: int, budget: int) -> float:
         """Seconds of one step by the start-up cost."""
@@ -188,18 +191,24 @@ class BudgetPolicy:
             step_seconds = self.step_seconds(len(accept_lengths), budget)
             if step_seconds > 0:
                 self.cost_ratios[budget].append(seconds / step_seconds)
-        first = self.samples[budget] == 0
-        fold = lambda old, new: new if first else (1 - EWMA) * old + EWMA * new  # noqa: E731
-        self.realised[budget] = fold(self.realised[budget], sum(accept_lengths) / len(accept_lengths))
         self.samples[budget] += 1
+        realised = sum(accept_lengths) / len(accept_lengths)
+        self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])
         if expected is None:
             return
+        self.predictions += 1
         means = [sum(column) / len(column) for column in zip(*expected, strict=True)]
         for b, mean in zip(self.drafting, means, strict=True):
-            self.predicted[b] = mean if not self.predictions else (1 - EWMA) * self.predicted[b] + EWMA * mean
-        self.predictions += 1
+            self.predicted[b] = running_mean(self.predicted[b], mean, self.predictions)
         if budget > 0:
-            self.predicted_at[budget] = fold(self.predicted_at[budget], means[self.drafting.index(budget)])
+            predicted = means[self.drafting.index(budget)]
+            self.predicted_at[budget] = running_mean(
+                self.predicted_at[budget], predicted, self.samples[budget]
+            )
+            self.calibration_steps += 1
+            count = self.calibration_steps
+            self.realised_drafts = running_mean(self.realised_drafts, realised - 1, count)
+            self.predicted_drafts = running_mean(self.predicted_drafts, predicted - 1, count)
 
     def describe(self) -> dict:
         """What /server_info shows: the cost and acceptance curves, and the latest choice per running count."""
@@ -216,7 +225,10 @@ class BudgetPolicy:
             "realised_accept_length_by_budget": {
                 b: round(self.realised[b], 3) for b in self.budgets if self.samples[b]
             },
-            "calibration_by_budget": {b: round(self.calibration(b), 4) for b in self.drafting},
+            "tree_predicted_accept_length_on_steps_run_by_budget": {
+                b: round(self.predicted_at[b], 3) for b in self.drafting if self.samples[b]
+            },
+            "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
             "measured_over_predicted_by_budget": {
                 b: round(statistics.median(r), 4) for b, r in self.cost_ratios.items() if r
