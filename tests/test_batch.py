@@ -220,10 +220,13 @@ CYCLE = [5, 0, 0, 1, 24, 0, 2, 0, 0, 0, 8]
 
 @pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "qwen3_next"])
 def test_greedy_outputs_with_budgets_changing_mid_request_and_ar_steps_equal_ar(pairs, family):
+    assert_changing_budgets_keep_greedy_outputs(*pairs[family])
+
+
+def assert_changing_budgets_keep_greedy_outputs(target, drafter) -> None:
     """fp32: whatever budget each step takes, AR steps (budget 0) included, every output is the target's own
     greedy output, also when the drafter resumes after several AR steps (it must have taken in their
-    features) and with rows padded to buckets."""
-    target, drafter = pairs[family]
+    features), with rows padded to buckets or not."""
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
     greedy = [
         Decoder(target, None, "ar", None).generate(p, q).token_ids
@@ -236,6 +239,30 @@ def test_greedy_outputs_with_budgets_changing_mid_request_and_ar_steps_equal_ar(
         got = run(engine, [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
         assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == greedy, pad_rows
         assert all(policy.samples[b] for b in CYCLE) and policy.choices > len(CYCLE)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_gives(pairs, family):
+    """The drafter catching up: after drafting and AR steps in any order, its cache at every position whose
+    features it has taken in equals that of a runner that prefilled the same tokens as one prompt."""
+    from specdeploy.engine.step import StepRunner
+
+    target, drafter = pairs[family]
+    prompt = [3, 17, 9, 41, 5]
+    stepped = StepRunner(target, drafter, "ddtree", 8)
+    stepped.reserve(128)
+    tokens = prompt + [stepped.admit(prompt, SamplingParams(), None)]
+    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0):
+        tokens += stepped.step(budget)[0][0]
+    prefix = stepped.running[0].prefix
+    taken_in = prefix - int(stepped.ctx_count[0])  # the last step's features are written by the next step
+    assert taken_in > len(prompt) + 6
+    prefilled = StepRunner(target, drafter, "ddtree", 8)
+    prefilled.reserve(128)
+    prefilled.admit(tokens[:prefix], SamplingParams(), None)
+    for mine, theirs in zip(stepped.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a[:, 0, :taken_in], b[:, 0, :taken_in], rtol=1e-4, atol=1e-5)
 
 
 def test_seeded_samples_with_budgets_changing_and_ar_steps_equal_single_requests(pairs):
