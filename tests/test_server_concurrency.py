@@ -150,10 +150,11 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
                 replies = await asyncio.gather(
                     *(client.post("/generate", json={"text": p, **body}) for p in PROMPTS)
                 )
+                streamed = await client.post("/generate", json={"text": PROMPTS[0], **body, "stream": True})
                 info = (await client.get("/server_info")).json()
-            return [r.json() for r in replies], info
+            return [r.json() for r in replies] + [sse_events(streamed)[-1]], info
 
-        replies, info = asyncio.run(main())
+        replies, info = asyncio.run(main())  # the last reply: a stream's last event
     for reply in replies:
         meta = reply["meta_info"]
         assert len(meta["ddtree_budgets"]) == meta["spec_verify_ct"]
