@@ -126,14 +126,16 @@ def small_vocab_pair(tmp_path_factory):
     return load_target(target_dir), load_drafter(draft_dir)
 
 
-@pytest.mark.parametrize(("mode", "budget"), [("dflash", None), ("ddtree", 8)])
+@pytest.mark.parametrize(("mode", "budget"), [("dflash", None), ("ddtree", 8), ("ddtree", "changing")])
 def test_sampling_stays_lossless_under_batching(small_vocab_pair, mode, budget):
     """The chi-square test of test_decode, with every sampled request sharing its steps with greedy and
-    sampled batch-mates of other prompts."""
+    sampled batch-mates of other prompts; `changing`: each step's budget from a cycle with AR steps in it."""
     target, drafter = small_vocab_pair
     params = SAMPLING[1]
     prompt = [1, 2, 3]
-    engine = BatchEngine(target, drafter, mode, budget, max_running=6, max_context=64)
+    policy = scripted_policy([8, 0, 2, 0, 0, 1, 4]) if budget == "changing" else None
+    budget = 8 if policy is not None else budget
+    engine = BatchEngine(target, drafter, mode, budget, max_running=6, max_context=64, policy=policy)
     schedule = []
     for seed in range(RUNS):
         schedule.append((seed // 4, prompt, with_seed(params, seed)))
@@ -185,8 +187,8 @@ def test_an_adaptive_budget_keeps_every_output_and_shrinks_trees_under_load(pair
     cost = step_cost(verify_and_draft(verify, CostCurve({1: 0.1, 8: 0.2})), [2, 8, 32], [1, 2, 4, 6])
     policy = BudgetPolicy([2, 8, 32], cost, explore_every=1000)
     for budget, accept in ((2, 2.0), (8, 3.0), (32, 3.6)):
-        for _ in range(3):
-            policy.observe(budget, [accept])
+        for _ in range(3):  # trees that predict what is realised
+            policy.observe(budget, [accept], expected=[[2.0, 3.0, 3.6]])
     assert policy.choose(1) == 32 and policy.choose(8) == 8
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
     single = [
@@ -199,26 +201,146 @@ def test_an_adaptive_budget_keeps_every_output_and_shrinks_trees_under_load(pair
     assert len(set(policy.last_choice.values())) > 1  # the budget really changed with the load
 
 
-def test_the_policy_maximises_its_estimate_and_tries_every_budget():
-    from specdeploy.engine.budget import BudgetPolicy, CostCurve
+def scripted_policy(cycle: list[int]):
+    """A policy whose budgets come in a fixed cycle (AR steps among them), whatever runs: the steps' budget
+    changes mid-request. It still predicts, calibrates and measures as the real one does; its start-up cost
+    is given (dead steps cannot time a target with recurrent layers, whose per-node states need a real row)."""
+    from specdeploy.engine.budget import BudgetPolicy
 
-    verify = CostCurve({1: 1.0, 16: 1.1, 128: 3.0, 1024: 20.0})
-    assert verify(8) == pytest.approx(1.0 + 0.1 * 7 / 15) and verify(2048) == pytest.approx(
-        20 + 17 / 896 * 1024
+    class Scripted(BudgetPolicy):
+        def choose(self, running: int) -> int:
+            self.choices += 1
+            return cycle[self.choices % len(cycle)]
+
+    return Scripted(cycle, step_cost(lambda rows, budget: 1e-3 * (1 + budget), cycle, [1, 4]))
+
+
+CYCLE = [5, 0, 0, 1, 24, 0, 2, 0, 0, 0, 8]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "qwen3_next"])
+def test_greedy_outputs_with_budgets_changing_mid_request_and_ar_steps_equal_ar(pairs, family):
+    assert_changing_budgets_keep_greedy_outputs(*pairs[family])
+
+
+def assert_changing_budgets_keep_greedy_outputs(target, drafter) -> None:
+    """fp32: whatever budget each step takes, AR steps (budget 0) included, every output is the target's own
+    greedy output, also when the drafter resumes after several AR steps (it must have taken in their
+    features), with rows padded to buckets or not."""
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    greedy = [
+        Decoder(target, None, "ar", None).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    for pad_rows in (False, True):
+        policy = scripted_policy(CYCLE)
+        engine = BatchEngine(target, drafter, "ddtree", 24, max_running=4, max_context=128,
+                             prefill_tokens=4, policy=policy, pad_rows=pad_rows)  # fmt: skip
+        got = run(engine, [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == greedy, pad_rows
+        assert all(policy.samples[b] for b in CYCLE) and policy.choices > len(CYCLE)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_gives(pairs, family):
+    """The drafter catching up: after drafting and AR steps in any order, its cache at every position whose
+    features it has taken in equals that of a runner that prefilled the same tokens as one prompt."""
+    from specdeploy.engine.step import StepRunner
+
+    target, drafter = pairs[family]
+    prompt = [3, 17, 9, 41, 5]
+    stepped = StepRunner(target, drafter, "ddtree", 8)
+    stepped.reserve(128)
+    tokens = prompt + [stepped.admit(prompt, SamplingParams(), None)]
+    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0):
+        tokens += stepped.step(budget)[0][0]
+    prefix = stepped.running[0].prefix
+    taken_in = prefix - int(stepped.ctx_count[0])  # the last step's features are written by the next step
+    assert taken_in > len(prompt) + 6
+    prefilled = StepRunner(target, drafter, "ddtree", 8)
+    prefilled.reserve(128)
+    prefilled.admit(tokens[:prefix], SamplingParams(), None)
+    for mine, theirs in zip(stepped.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a[:, 0, :taken_in], b[:, 0, :taken_in], rtol=1e-4, atol=1e-5)
+
+
+def test_seeded_samples_with_budgets_changing_and_ar_steps_equal_single_requests(pairs):
+    """At T > 0 each committed token is the target's own draw with its output position's uniform, so a seeded
+    request's output does not depend on the budgets (AR steps included) its steps took."""
+    target, drafter = pairs["qwen3"]
+    params = [
+        SamplingParams(temperature=0.9, top_k=20, max_new_tokens=n, ignore_eos=True, seed=i)
+        for i, n in enumerate(LENGTHS)
+    ]
+    single = [
+        Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    engine = BatchEngine(
+        target, drafter, "ddtree", 24, max_running=4, max_context=128, policy=scripted_policy(CYCLE)
     )
-    draft = CostCurve({1: 0.2, 4: 0.3})
-    cost = step_cost(verify_and_draft(verify, draft), [1, 4, 16, 64], [1, 4])
-    assert cost(4, 16) == pytest.approx(verify(68) + 0.3)
-    assert cost(2, 4) == pytest.approx(cost(1, 4) + (cost(4, 4) - cost(1, 4)) / 3)  # linear in the rows
-    policy = BudgetPolicy([1, 4, 16, 64], cost, explore_every=5)
-    tried = set()
-    for _ in range(40):
-        budget = policy.choose(4)
-        tried.add(budget)
-        policy.observe(budget, [1 + budget**0.5] * 4)
-    assert tried == {1, 4, 16, 64}
-    best = max(policy.budgets, key=lambda b: 4 * (1 + b**0.5) / (verify(4 * (b + 1)) + 0.3))
-    assert max(policy.budgets, key=lambda b: policy.throughput(4, b)) == best
+    got = run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+    assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
+
+
+def simulate(
+    policy, running: int, accept: dict[int, float], seconds, tree: dict[int, float], steps: int = 300
+):
+    """Run `policy` against a world: each step at budget b commits accept[b] tokens per request and takes
+    seconds(running, b); every drafting step's trees predict tree[b] for every budget. Returns the budgets
+    it ran."""
+    ran = []
+    for _ in range(steps):
+        budget = policy.choose(running)
+        ran.append(budget)
+        expected = [[tree[b] for b in policy.drafting]] * running if budget else None
+        policy.observe(budget, [accept[budget]] * running, seconds(running, budget), expected)
+    return ran
+
+
+def test_trees_predict_every_budget_so_the_policy_finds_the_best_without_trying_them():
+    """The trap of a policy that learns acceptance only where it steps: the draft's own predictions (here
+    overconfident by a factor the policy must learn: 60% of predicted draft tokens are realised) give every
+    budget's estimate, so the policy settles on the true best budget at each load, without running them all."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    budgets = [0, 1, 2, 4, 8, 16, 32, 64]
+    tree = {b: 1 + 4.0 * (1 - 0.9**b) for b in budgets if b}  # diminishing returns, as best-first trees have
+    accept = {0: 1.0, **{b: 1 + 0.6 * (tree[b] - 1) for b in tree}}
+
+    def seconds(running: int, budget: int) -> float:  # a fixed cost plus one per verified token
+        return 1e-3 + 2e-5 * running * (budget + 1) + (3e-4 if budget else 0)  # the drafter's pass
+
+    for running in (1, 8, 64):
+        best = max(budgets, key=lambda b: running * accept[b] / seconds(running, b))
+        policy = BudgetPolicy(budgets, step_cost(seconds, budgets, [1, 8, 64]), explore_every=50)
+        ran = simulate(policy, running, accept, seconds, tree)
+        assert max(budgets, key=lambda b: policy.throughput(running, b)) == best, running
+        assert ran[-40:].count(best) >= 38  # settled (one exploring step in 50)
+        never_ran = set(budgets) - set(ran)
+        assert never_ran, running  # exploring steps measure costs, yet some budgets never ran at all ...
+        for budget in never_ran:  # ... and are estimated right: predicted by trees, calibrated where it ran
+            assert policy.estimate(budget) == pytest.approx(accept[budget], rel=1e-3), (running, budget)
+
+
+def test_when_drafting_does_not_pay_the_policy_takes_ar_steps():
+    """Random weights (tau about 1): a drafting step commits barely more than an AR step and costs more, so
+    the policy settles on AR steps, and the realised acceptance corrects trees that predict far more."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    budgets = [0, 4, 16, 64]
+    tree = {4: 2.0, 16: 2.5, 64: 3.0}  # a confident drafter that is wrong
+    accept = {0: 1.0, 4: 1.01, 16: 1.01, 64: 1.02}
+
+    def seconds(running: int, budget: int) -> float:
+        return 5e-3 + 1e-5 * running * (budget + 1) + (1e-3 if budget else 0)
+
+    policy = BudgetPolicy(budgets, step_cost(seconds, budgets, [1, 16]), explore_every=25)
+    ran = simulate(policy, 4, accept, seconds, tree)
+    assert ran[0] > 0  # before any prediction every budget is optimistic: the first step drafts
+    assert ran[-50:].count(0) >= 48
+    assert policy.estimate(16) < 1.05 and policy.describe()["predicted_accept_length_by_budget"][0] == 1.0
 
 
 def test_measured_step_times_correct_a_wrong_startup_curve():
@@ -242,7 +364,8 @@ def test_measured_step_times_correct_a_wrong_startup_curve():
             budget = policy.choose(running)
             seconds = true_seconds(running, budget) if budget in seen else 1.0  # the first step compiles
             seen.add(budget)
-            policy.observe(budget, [accept[budget]] * running, seconds if measured else None)
+            expected = [[accept[b] for b in policy.drafting]] * running
+            policy.observe(budget, [accept[budget]] * running, seconds if measured else None, expected)
         return policy
 
     unmeasured, measured = settle(False), settle(True)

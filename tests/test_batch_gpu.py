@@ -7,7 +7,7 @@ import pytest
 import torch
 from decode_helpers import write_pair
 from hybrid_helpers import write_drafter, write_target
-from test_batch import assert_batched_greedy_equals_single
+from test_batch import assert_batched_greedy_equals_single, assert_changing_budgets_keep_greedy_outputs
 
 from specdeploy.engine.loading import load_drafter, load_target
 
@@ -43,3 +43,9 @@ def test_padded_row_buckets_on_cuda_keep_every_output(pairs, family):
     assert_batched_greedy_equals_single(
         *pairs[family], max_running=4, order=[0, 1, 3, 2, 4, 5], arrival_gap=0
     )
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "qwen3_next"])
+def test_budgets_changing_mid_request_with_ar_steps_on_cuda_keep_greedy_outputs(pairs, family):
+    """Each step's budget from a cycle with AR steps in it, every stage a CUDA graph (test_batch's CPU twin)."""
+    assert_changing_budgets_keep_greedy_outputs(*pairs[family])

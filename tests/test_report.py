@@ -204,6 +204,38 @@ def test_plain_bench_run_with_baseline_cells_and_no_facts(tmp_path: Path) -> Non
     assert 'Speedup against concurrency</h2>\n<p class="note">No data for this plot' in html
 
 
+def test_an_adaptive_budget_shows_the_budget_it_chose_at_each_concurrency(tmp_path: Path) -> None:
+    """Each request's per-step budgets (meta_info `ddtree_budgets`, 0 an AR step) pooled per load point."""
+    from rich.console import Console
+
+    from specdeploy.report.tables import rows_tables
+
+    path = tmp_path / "bench-auto"
+    run = RunDirectory(path)
+    manifest = RunManifest(run_id=path.name, created_unix=time.time(), specdeploy_version="test",
+                           options={"dataset": "gsm8k"}, deployment={"mode": "ddtree", "budget": "auto"})  # fmt: skip
+    run.create(manifest, {"target": None})
+    chosen = {1: [[16, 16, 8], [16, 16, 16]], 8: [[0, 0, 4], [0, 4, 4, 0]]}  # per request, per verify step
+    for c, budgets in chosen.items():
+        key = CellKey(dataset="gsm8k", mode="ddtree", budget="auto", concurrency=c)
+        mine = records(key, 4, 10.0, seed=c)
+        for i, record in enumerate(mine):
+            record.ddtree_budgets = budgets[i % 2]
+        run.write_cell(CellSummary(key=key, metrics=cell_metrics(mine), finished_unix=time.time()), mine, {})
+    series, rows = write_report([path], tmp_path / "r.html")
+    by_c = {r.concurrency: r for r in rows}
+    assert by_c[1].budget_chosen_mean == pytest.approx((40 / 3 + 16) / 2) and by_c[1].ar_step_share == 0
+    assert by_c[8].budget_chosen_mean == pytest.approx(12 / 7) and by_c[8].ar_step_share == pytest.approx(
+        4 / 7
+    )
+    console = Console(width=120, record=True)
+    for table in rows_tables(rows, series):
+        console.print(table)
+    text = console.export_text()
+    assert "14.7, AR 0%" in text and "1.7, AR 57%" in text
+    assert "<th>budget chosen</th>" in (tmp_path / "r.html").read_text()
+
+
 def test_pareto_front_keeps_only_undominated_points() -> None:
     points = [(100, 50), (200, 40), (150, 30), (300, 10), (50, 60), (200, 20)]
     assert pareto_front(points) == [(50, 60), (100, 50), (200, 40), (300, 10)]

@@ -141,7 +141,7 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
 ) -> None:
     from specdeploy.engine.budget import BudgetPolicy
 
-    policy = BudgetPolicy([2, 4, 8])  # the server's batch engine measures its step cost at start-up
+    policy = BudgetPolicy([0, 2, 4, 8])  # the server's batch engine measures its step cost at start-up
     with running_server(random_pair, "ddtree", 8, budget_policy=policy, max_running_requests=4) as url:
 
         async def main() -> list[dict]:
@@ -150,22 +150,31 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
                 replies = await asyncio.gather(
                     *(client.post("/generate", json={"text": p, **body}) for p in PROMPTS)
                 )
+                streamed = await client.post("/generate", json={"text": PROMPTS[0], **body, "stream": True})
                 info = (await client.get("/server_info")).json()
-            return [r.json() for r in replies], info
+            return [r.json() for r in replies] + [sse_events(streamed)[-1]], info
 
-        replies, info = asyncio.run(main())
+        replies, info = asyncio.run(main())  # the last reply: a stream's last event
     for reply in replies:
         meta = reply["meta_info"]
         assert len(meta["ddtree_budgets"]) == meta["spec_verify_ct"]
-        assert set(meta["ddtree_budgets"]) <= {2, 4, 8}
+        assert set(meta["ddtree_budgets"]) <= {0, 2, 4, 8}
         assert meta["spec_num_proposed_drafts"] == sum(meta["ddtree_budgets"])
+        # an AR step predicts exactly the one token it commits; a tree at most 1 + its nodes
+        assert 1 <= meta["ddtree_predicted_accept_length"] <= 1 + max(meta["ddtree_budgets"])
+        assert meta["ddtree_accept_length"] == pytest.approx(
+            (meta["completion_tokens"] - 1) / meta["spec_verify_ct"], abs=1e-4
+        )  # the first token comes from the prefill, every other one from a verify step
     assert info["engine"]["budget"] == "auto" and info["max_running_requests"] == 4
     described = info["internal_states"][0]["ddtree_budget_policy"]
     measured = described["step_ms_by_budget_and_rows"]
-    assert set(measured) == {"2", "4", "8"} and all(
+    assert set(measured) == {"0", "2", "4", "8"} and all(
         set(by_rows) == {"1", "2", "4"} for by_rows in measured.values()
     )
     assert all(ms > 0 for by_rows in measured.values() for ms in by_rows.values())
+    assert described["predicted_accept_length_by_budget"]["0"] == 1.0
+    assert set(described["tree_predicted_accept_length_by_budget"]) == {"2", "4", "8"}
+    assert set(described["realised_accept_length_by_budget"]) <= {"0", "2", "4", "8"}
     assert sum(described["steps_by_budget"].values()) >= max(
         r["meta_info"]["spec_verify_ct"] for r in replies
     )

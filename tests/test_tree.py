@@ -1,13 +1,20 @@
 """Device draft trees against independent oracles: brute-force enumeration, the DDTree heap, a host walk."""
 
 import itertools
+import math
 import random
 
 import pytest
 import torch
 from tree_oracle import DraftTree, accept_path, certify_best_first, tree_from_batch
 
-from specdeploy.engine.tree import ancestor_matrix, best_first_tree, chain_tree, walk
+from specdeploy.engine.tree import (
+    ancestor_matrix,
+    best_first_tree,
+    chain_tree,
+    expected_accept_lengths,
+    walk,
+)
 
 
 def brute_force_best(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
@@ -59,6 +66,39 @@ def test_ties_keep_the_tree_prefix_closed():
         tree = device_tree(logprobs, budget)
         assert_well_formed(tree)
         certify_best_first(tree, logprobs, budget)
+
+
+def brute_force_expected(logprobs: torch.Tensor, budget: int) -> float:
+    """1 + the summed path probabilities of the `budget` most probable prefixes, by enumeration."""
+    depth, vocab = logprobs.shape
+    scores = sorted(
+        (
+            sum(float(logprobs[i, t]) for i, t in enumerate(prefix))
+            for d in range(1, depth + 1)
+            for prefix in itertools.product(range(vocab), repeat=d)
+        ),
+        reverse=True,
+    )
+    return 1 + sum(math.exp(s) for s in scores[:budget])
+
+
+def test_expected_accept_lengths_sum_the_best_prefixes_of_every_budget():
+    """Every prefix budget at once, against enumeration of all prefixes (budgets past the count of prefixes
+    sum them all), rows independent, and the sum over the engine's own tree on a realistic shape."""
+    gen = torch.Generator().manual_seed(3)
+    logprobs = torch.log_softmax(torch.randn(3, 4, 5, generator=gen) * 2, dim=-1)
+    budgets = [1, 2, 5, 16, 64, 1000]
+    got = expected_accept_lengths(logprobs, budgets)
+    for row in range(3):
+        want = [brute_force_expected(logprobs[row], b) for b in budgets]
+        assert got[row].tolist() == pytest.approx(want, rel=1e-5)
+    wide = torch.log_softmax(torch.randn(15, 3000, generator=gen) * 3, dim=-1)
+    tree = device_tree(wide, 64)
+    path_logp = {0: 0.0}
+    for node, (token, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True), start=1):
+        path_logp[node] = path_logp[parent] + float(wide[tree.depths[node - 1] - 1, token])
+    want = 1 + sum(math.exp(v) for node, v in path_logp.items() if node)
+    assert float(expected_accept_lengths(wide[None], [64])[0, 0]) == pytest.approx(want, rel=1e-5)
 
 
 def test_best_first_tree_pads_when_there_are_fewer_prefixes_than_the_budget():

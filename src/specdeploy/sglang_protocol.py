@@ -46,9 +46,10 @@ def sse_error(message: str, status: int) -> bytes:
 
 
 def spec_metrics(completion_tokens: int, verify_ct: int, correct: int, proposed: int) -> dict[str, Any]:
-    """SGLang's per-request speculative counters; spec_accept_length counts the bonus token of each step."""
+    """SGLang's per-request speculative counters; spec_accept_length counts the bonus token of each step.
+    A request served by AR steps alone (an adaptive budget's 0) proposed no drafts: its accept rate is 0."""
     return {
-        "spec_accept_rate": correct / proposed,
+        "spec_accept_rate": correct / proposed if proposed else 0.0,
         "spec_accept_length": completion_tokens / verify_ct,
         "spec_num_correct_drafts": correct,
         "spec_num_proposed_drafts": proposed,

@@ -226,6 +226,8 @@ class BenchClient:
             completion_tokens=completion,
             spec_verify_ct=meta.get("spec_verify_ct"),
             spec_accept_length=meta.get("spec_accept_length"),
+            ddtree_budgets=meta.get("ddtree_budgets"),
+            ddtree_predicted_accept_length=meta.get("ddtree_predicted_accept_length"),
             finish_reason=stream.finish_reason,
             output_text="".join(stream.text_parts),
             output_ids=stream.ids or None,

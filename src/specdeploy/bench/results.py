@@ -126,6 +126,8 @@ class RequestRecord(BaseModel):
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
+    ddtree_budgets: list[int] | None = None  # an adaptive DDTree budget: each verify step's (0: an AR step)
+    ddtree_predicted_accept_length: float | None = None  # what the policy predicted per step, on average
     finish_reason: str | None = None
     output_text: str = ""
     output_ids: list[int] | None = None

@@ -9,7 +9,8 @@ Design. Each iteration does two things, as SGLang's chunked prefill does:
 Requests that finish (stop token, length, cancellation) leave between iterations. A target with recurrent
 layers runs one runner per request (its exact per-node states are read on the host), stepped in turn.
 With an adaptive budget (`BudgetPolicy`), every iteration picks the DDTree budget for the batch from the
-number of running requests.
+number of running requests (0: an AR step), and each drafting step's trees predict the acceptance of every
+budget the policy may pick.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Request:
     rules: StopRules | None = None
     runner: StepRunner | None = None
     budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step
+    predicted: list[float] = field(default_factory=list)  # tokens predicted per step (adaptive budget)
     finished: bool = False
     cancelled: bool = False
 
@@ -79,9 +81,7 @@ class BatchEngine:
         self.prefilling: Request | None = None
         self.running: list[Request] = []  # attention targets: the request in each row of the shared runner
         self.per_request = target.has_recurrent_layers
-        self._make_runner = lambda rows: StepRunner(  # noqa: E731
-            target, drafter, mode, budget, rows=rows, cuda_graphs=cuda_graphs, pad_rows=pad_rows
-        )
+        self._runner_options = {"cuda_graphs": cuda_graphs, "pad_rows": pad_rows}
         self.shared = None if self.per_request else self._make_runner(max_running)
         if self.shared is not None:
             self.shared.reserve(max_context)
@@ -92,6 +92,14 @@ class BatchEngine:
         if policy is not None and policy.cost is None:
             policy.cost = self._measure_step_cost(policy.budgets)
         self.startup_s = time.perf_counter() - started
+
+    def _make_runner(self, rows: int) -> StepRunner:
+        runner = StepRunner(
+            self.target, self.drafter, self.mode, self.budget, rows=rows, **self._runner_options
+        )
+        if self.policy is not None and self.policy.drafting:
+            runner.predict_acceptance(self.policy.drafting)
+        return runner
 
     def _measure_step_cost(self, budgets: list[int]) -> StepCost:
         if self.shared is not None:
@@ -182,15 +190,21 @@ class BatchEngine:
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
         if self.per_request:
             results = [request.runner.step(budget)[0] for request in self.running]
+            predictions = [request.runner.expected for request in self.running]
+            expected = None if None in predictions else [rows[0] for rows in predictions]
         else:
             results = self.shared.step(budget)
+            expected = self.shared.expected
         seconds = time.perf_counter() - started
-        for request, (tokens, verified) in zip(self.running, results, strict=True):
+        for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
+            if self.policy is not None:  # this request's tree prediction, before the step is folded in
+                own = expected[row][self.policy.drafting.index(budget)] if expected and budget else 1.0
+                request.predicted.append(self.policy.calibrated(budget, own))
             events.append(self._event(request, tokens, verified))
         if self.policy is not None:
-            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds)
+            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected)
         return events
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:

@@ -37,7 +37,14 @@ from specdeploy.engine.sampling import (
     row_sampling_probs,
     sample,
 )
-from specdeploy.engine.tree import Acceptance, TreeBatch, best_first_tree, chain_tree, walk
+from specdeploy.engine.tree import (
+    Acceptance,
+    TreeBatch,
+    best_first_tree,
+    chain_tree,
+    expected_accept_lengths,
+    walk,
+)
 from specdeploy.errors import SpecdeployError
 
 TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part of commit
@@ -123,14 +130,27 @@ class StepRunner:
         self.running: list[Row] = []
         self._pending: Pending | None = None
         self._trees: dict[int, TreeBuffers] = {}
+        self.sampling_ready = False  # a row has sampled: every tree size keeps verify logits
+        self.curve_budgets: list[int] = []  # budgets whose expected acceptance each DDTree step predicts
+        self.expected: list[list[float]] | None = None  # the last step's: per running row, per budget
         self._allocate()
 
     @property
     def active(self) -> int:
         return len(self.running)
 
+    def predict_acceptance(self, budgets: list[int]) -> None:
+        """Make every drafting DDTree step predict, for each row, the tokens it would commit at each of
+        `budgets` (`expected_accept_lengths` over the step's own draft), read into `expected` after the step."""
+        if self.mode != "ddtree" or not budgets or min(budgets) < 1:
+            raise SpecdeployError(f"acceptance is predicted for DDTree budgets of at least 1, got {budgets}")
+        self.curve_budgets = sorted(budgets)
+        self.expected_buffer = torch.ones(self.rows, len(budgets), device=self.device)
+        self.graphs.clear()  # the tree stage now writes the prediction too
+
     def tree_size(self, budget: int | None = None) -> int:
-        """Draft nodes per step: none (ar), the block's chain (dflash), or the DDTree budget."""
+        """Draft nodes per step: none (ar, or DDTree's budget 0: an AR step), the block's chain (dflash), or
+        the DDTree budget."""
         if self.mode == "ar":
             return 0
         if self.mode == "dflash":
@@ -174,7 +194,11 @@ class StepRunner:
                 target_tokens=torch.zeros(self.rows, size + 1, dtype=torch.long, device=self.device),
                 features=features,
             )
-        return self._trees[size]
+        buffers = self._trees[size]
+        if self.sampling_ready and buffers.logits is None:  # a tree size first used after a row sampled
+            vocab = self.target.config.vocab_size
+            buffers.logits = torch.zeros(self.rows, size + 1, vocab, dtype=self.dtype, device=self.device)
+        return buffers
 
     def reserve(self, positions: int) -> None:
         """Make the caches hold `positions` committed positions per row, plus a step's tree and block."""
@@ -324,12 +348,11 @@ class StepRunner:
             grown = torch.zeros(self.rows, self.uniforms.shape[1], length, device=self.device)
             grown[:, :, : self.uniforms.shape[2]] = self.uniforms
             self.uniforms = grown
-        vocab = self.target.config.vocab_size
+        self.sampling_ready = True
         for size in {self.tree_size(), *self._trees}:
-            buffers = self._tree_buffers(size)
-            if buffers.logits is None:
-                buffers.logits = torch.zeros(self.rows, size + 1, vocab, dtype=self.dtype, device=self.device)
+            self._tree_buffers(size)
         if self.mode == "dflash" and self.draft_probs is None:
+            vocab = self.target.config.vocab_size
             self.draft_probs = torch.zeros(self.rows, self.depth_limit, vocab, device=self.device)
 
     def release(self, row: int) -> int | None:
@@ -380,6 +403,8 @@ class StepRunner:
         verify_window = self.window(max(prefixes) + size + 1)
         self._stages(rows, size, greedy, draft_window, verify_window, context, self._timed)
         out = self.out[:active].tolist()  # the step's one synchronisation
+        drafted = self.curve_budgets and size > 0
+        self.expected = self.expected_buffer[:active].tolist() if drafted else None
         results = []
         for row, (state, line) in enumerate(zip(self.running, out, strict=True)):
             count = line[0]
@@ -404,7 +429,9 @@ class StepRunner:
     ) -> None:
         """Every stage of a step on `rows` rows, each through `run` (`_timed`, or untimed for dead steps), so
         that real and dead steps use the same graph keys."""
-        if self.drafter is not None:
+        if self.drafter is not None and size == 0:  # an AR step: the drafter only takes in the last features
+            run("draft", ("context", rows), lambda: self._write_context(rows, context))
+        elif self.drafter is not None:
             run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window, context))
         chain_sampling = not greedy and self.mode == "dflash"
         run("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy), eager=chain_sampling)
@@ -450,14 +477,23 @@ class StepRunner:
         """`slots` [rows, T] of the running rows; a padded (dead) row writes only the scratch slot."""
         return torch.where(self.live[:rows, None], slots, cache.scratch_slot)
 
+    def _write_context(self, rows: int, context: int) -> None:
+        """Write the target features of the last step's committed positions into the drafter's cache.
+        `context`: feature rows to write; rows past a row's own count land on positions at or past its prefix,
+        which the next block (or the next context write) overwrites before any draft sees them. A run of AR
+        steps writes one position each, so when drafting resumes the drafter's cache is the one it would hold
+        had it drafted all along."""
+        if context:
+            prefix = self.prefix[:rows]
+            ctx_positions = (prefix - self.ctx_count[:rows])[:, None] + self.block_index[:context]
+            ctx_slots = self._live_slots(rows, ctx_positions, self.draft_cache)
+            self.drafter.write_context(self.ctx[:rows, :context], ctx_positions, ctx_slots, self.draft_cache)
+
     def _draft(self, rows: int, window: int, context: int) -> None:
-        """`context`: feature rows to write (rows past a row's own count land on slots the block overwrites)."""
+        """`context`: feature rows to write first (`_write_context`)."""
         drafter, block = self.drafter, self.block_index
         prefix = self.prefix[:rows]
-        if context:
-            ctx_positions = (prefix - self.ctx_count[:rows])[:, None] + block[:context]
-            ctx_slots = self._live_slots(rows, ctx_positions, self.draft_cache)
-            drafter.write_context(self.ctx[:rows, :context], ctx_positions, ctx_slots, self.draft_cache)
+        self._write_context(rows, context)
         positions = prefix[:, None] + block
         slots = self._live_slots(rows, positions, self.draft_cache)
         ids = torch.where(block == 0, self.root[:rows, None], drafter.mask_token_id)
@@ -473,10 +509,13 @@ class StepRunner:
 
     def _build_tree(self, rows: int, size: int, greedy: bool) -> None:
         root = self.root[:rows]
-        if self.mode == "ar":
+        if size == 0:
             tree = chain_tree(root, root[:, None][:, :0])
         elif self.mode == "ddtree":
-            tree = best_first_tree(root, torch.log_softmax(self.draft_logits[:rows], dim=-1), size)
+            logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
+            tree = best_first_tree(root, logprobs, size)
+            if self.curve_budgets:
+                self.expected_buffer[:rows].copy_(expected_accept_lengths(logprobs, self.curve_budgets))
         elif greedy:
             tree = chain_tree(root, self.draft_logits[:rows].argmax(dim=-1))
         else:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)
@@ -550,7 +589,7 @@ class StepRunner:
         length = torch.where(self.live[:rows], self.acceptance.length[:rows], 0)  # dead rows commit nothing
         prefix = self.prefix[:rows]
         buffers = self._trees[size]
-        if self.mode == "ddtree":  # chains are verified in place: nothing to move
+        if self.mode == "ddtree" and size > 0:  # chains (and AR steps) are verified in place: nothing to move
             kept = self.path_index < length[:, None]
             scratch = self.cache.scratch_slot
             source = torch.where(kept, prefix[:, None] + path, scratch)

@@ -173,3 +173,29 @@ def walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acce
     return Acceptance(
         path=path[:, : depth_limit + 1], length=length, bonus=target_tokens.gather(1, leaf[:, None])[:, 0]
     )
+
+
+def expected_accept_lengths(logprobs: torch.Tensor, budgets: list[int]) -> torch.Tensor:
+    """[B, len(budgets)]: the tokens a step is expected to commit (the root included) with the best-first
+    tree of each budget, were the target to follow the draft marginals: 1 + the sum of its nodes' path
+    probabilities. One pass serves every budget, as each tree is a prefix of the largest one.
+
+    logprobs [B, L, V] as for `best_first_tree`. Fixed-shape device work (no host synchronisation). Exact:
+    the marginals of a depth are shared by every parent there, so a prefix among the best K of its depth
+    extends one among the best K of the depth above (any of those K beats its parent, and so each has a child
+    that beats it); the best K of each depth, merged, hold the best K overall.
+    """
+    batch, depth_limit, vocab = logprobs.shape
+    largest = max(budgets)
+    width = min(largest, vocab)
+    top = torch.topk(logprobs.float(), width, dim=-1).values  # [B, L, W] best first
+    level = top[:, 0]
+    levels = [level]
+    for depth in range(1, depth_limit):
+        children = (level[:, :, None] + top[:, depth, None, :]).flatten(1)
+        level = torch.topk(children, min(largest, children.shape[1]), dim=-1).values
+        levels.append(level)
+    merged = torch.cat(levels, dim=1)
+    best = torch.topk(merged, min(largest, merged.shape[1]), dim=-1).values.exp().cumsum(dim=-1)
+    # column slices, not an index tensor: nothing is copied from the host (a CUDA graph can capture this)
+    return 1 + torch.stack([best[:, min(b, best.shape[1]) - 1] for b in budgets], dim=1)

@@ -22,6 +22,13 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def chosen_text(row: ReportRow) -> str:
+    """An adaptive budget's mean over the verify steps, and its share of AR steps (budget 0)."""
+    if row.budget_chosen_mean is None:
+        return "-"
+    return f"{row.budget_chosen_mean:.1f}, AR {row.ar_step_share:.0%}"
+
+
 Column = tuple[str, Callable[[ReportRow], str]]
 
 COLUMNS: list[Column] = [
@@ -36,6 +43,7 @@ COLUMNS: list[Column] = [
     ("TPOT p50 ms", lambda r: num(r.tpot_p50_ms, 2)),
     ("ITL p50 ms", lambda r: num(r.itl_p50_ms, 2)),
     ("tau mean", lambda r: num(r.tau_mean, 2)),
+    ("budget chosen", lambda r: chosen_text(r)),
     ("speedup [95% CI]", lambda r: speedup_text(r.speedup)),
     ("match", lambda r: percent(r.match_rate)),
     ("errors", lambda r: f"{r.errors}/{r.requests}"),

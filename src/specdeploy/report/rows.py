@@ -41,6 +41,8 @@ class ReportRow(BaseModel):
     tau_mean: float | None
     tau_requests: int
     tau_histogram: dict[str, int]
+    budget_chosen_mean: float | None = None  # an adaptive budget: mean over the point's verify steps
+    ar_step_share: float | None = None  # ... and the share of them that were AR steps (budget 0)
     speedup: Interval | None
     match_rate: float | None
     baseline: str | None
@@ -89,6 +91,7 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
         (c.metrics.output_tokens, c.telemetry.energy_j) for c in cells if c.telemetry and c.telemetry.energy_j
     ]
     dollars = [t.usd_per_million_tokens for t in telemetry if t.usd_per_million_tokens is not None]
+    chosen = [b for r in run.records if r.cell in ids and r.ddtree_budgets for b in r.ddtree_budgets]
     return ReportRow(
         series=series,
         dataset=key.dataset,
@@ -109,6 +112,8 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
         tau_mean=pooled.tau.mean,
         tau_requests=pooled.tau.n,
         tau_histogram=dict(sorted(histogram.items(), key=lambda item: float(item[0]))),
+        budget_chosen_mean=sum(chosen) / len(chosen) if chosen else None,
+        ar_step_share=chosen.count(0) / len(chosen) if chosen else None,
         speedup=comparison.speedup if comparison else None,
         match_rate=comparison.output_match_rate if comparison else None,
         baseline=comparison.baseline_cell if comparison else None,

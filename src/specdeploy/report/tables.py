@@ -8,7 +8,7 @@ from string import ascii_uppercase
 
 from rich.table import Table
 
-from specdeploy.report.columns import num, percent, speedup_text
+from specdeploy.report.columns import chosen_text, num, percent, speedup_text
 from specdeploy.report.rows import ReportRow
 from specdeploy.report.runs import Series
 from specdeploy.terminal_tables import add_columns, narrow_table
@@ -27,15 +27,14 @@ def series_table(series: list[Series]) -> Table:
 
 
 def rows_tables(rows: list[ReportRow], series: list[Series]) -> list[Table]:
-    """One table per series: tokens/s, tau and the speedup against the paired AR run, per load point."""
+    """One table per series: tokens/s, tau and the speedup against the paired AR run, per load point; with an
+    adaptive budget, the budget it chose (mean over the verify steps, share of AR steps)."""
+    adaptive = any(row.budget_chosen_mean is not None for row in rows)
     tables = []
     for s in series:
         table = narrow_table(f"{s.label}: per load point (repeats pooled; speedup against the paired AR run)")
-        add_columns(
-            table,
-            ("dataset", "mode", "load", "tok/s", "tau", "speedup [95% CI]", "match"),
-            ("dataset", "mode", "load"),
-        )
+        headers = ("dataset", "mode", "load", "tok/s", "tau", *(("budget chosen",) if adaptive else ()))
+        add_columns(table, (*headers, "speedup [95% CI]", "match"), ("dataset", "mode", "load"))
         for row in rows:
             if row.series == s.label:
                 table.add_row(
@@ -44,6 +43,7 @@ def rows_tables(rows: list[ReportRow], series: list[Series]) -> list[Table]:
                     row.load_label,
                     num(row.output_tok_s),
                     num(row.tau_mean, 2),
+                    *((chosen_text(row),) if adaptive else ()),
                     speedup_text(row.speedup),
                     percent(row.match_rate),
                 )

@@ -22,8 +22,10 @@ def serve(
         typer.Option(
             "--budget",
             "--ddtree-budget",
-            help="DDTree draft nodes per step, or `auto`: chosen every step from the running requests, "
-            "the step cost measured at start-up and the acceptance seen so far (up to --max-budget).",
+            help="DDTree draft nodes per step, or `auto`: chosen every step (0, an AR step, or a power of two "
+            "up to --max-budget) from the running requests, the step cost measured at start-up and corrected "
+            "by measured steps, and the acceptance each step's tree predicts for every budget, calibrated "
+            "against the acceptance realised.",
         ),
     ] = None,
     max_budget: Annotated[int, typer.Option(help="Largest budget `--budget auto` may choose.")] = 64,
@@ -107,7 +109,7 @@ def serve(
         from specdeploy.engine.budget import BudgetPolicy, powers_of_two
 
         typer.echo("--budget auto: the step cost of every budget is measured at start-up ...", err=True)
-        policy = BudgetPolicy(powers_of_two(max_budget))  # the batch engine measures its cost
+        policy = BudgetPolicy([0, *powers_of_two(max_budget)])  # the batch engine measures its cost
     config = ServerConfig(
         max_queued_requests=max_queued_requests,
         max_running_requests=max_running_requests,

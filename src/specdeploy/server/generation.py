@@ -46,6 +46,7 @@ class Generation:
     first_token_at: float | None = None
     finished_at: float | None = None
     budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step, when adaptive
+    predicted: list[float] = field(default_factory=list)  # tokens the policy predicted for each verify step
 
     @property
     def finished(self) -> bool:
@@ -131,8 +132,12 @@ class Generation:
         correct = sum(self.accept_lengths) - self.verify_ct  # accepted draft tokens: bonus tokens excluded
         proposed = sum(self.budgets) if self.budgets else self.verify_ct * draft
         metrics = sglang_protocol.spec_metrics(len(self.output_ids), self.verify_ct, correct, proposed)
-        if self.budgets:  # an adaptive budget: the tree size of each verify step
+        if self.budgets:  # an adaptive budget: the tree size of each verify step (0: an AR step)
             metrics["ddtree_budgets"] = self.budgets
+            if self.predicted:  # predicted against realised tokens per step (bonus included)
+                predicted = sum(self.predicted) / len(self.predicted)
+                metrics["ddtree_predicted_accept_length"] = round(predicted, 4)
+                metrics["ddtree_accept_length"] = round(sum(self.accept_lengths) / self.verify_ct, 4)
         return metrics
 
     @property

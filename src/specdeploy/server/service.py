@@ -114,6 +114,8 @@ class EngineService:
                     raise EngineFailed(str(item))
                 else:
                     added = gen.advance(item)
+                    # the steps' budgets so far, for the meta_info of this event (a stream's last one too)
+                    gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
                     if gen.finished:
                         job.cancel()  # a stop string may end the request before the engine does
                     yield added
@@ -121,7 +123,7 @@ class EngineService:
             job.cancel()
             if not gen.finished:  # the consumer left early: the client disconnected
                 gen.abort("The client disconnected before the generation finished.", 499)
-            gen.budgets = list(job.budgets)
+            gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
             self.stats.record(gen)
 
     async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:

@@ -54,6 +54,7 @@ class Job:
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     budgets: list[int] = field(default_factory=list)  # the DDTree budget of each step, when it varies
+    predicted: list[float] = field(default_factory=list)  # the tokens predicted for each step, when it varies
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -174,6 +175,7 @@ class EngineWorker:
                 job = held[event.request]
                 if event.step.verified_tokens and getattr(event.request, "budgets", None):
                     job.budgets.append(event.request.budgets[-1])
+                    job.predicted.append(event.request.predicted[-1])
                 job._deliver(event.step)
             self._release(held, [r for r in held if r.finished or r.cancelled])
         with self._lock:
