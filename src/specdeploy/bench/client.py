@@ -217,6 +217,7 @@ class BenchClient:
             completion_tokens=completion,
             spec_verify_ct=meta.get("spec_verify_ct"),
             spec_accept_length=meta.get("spec_accept_length"),
+            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
             finish_reason=stream.finish_reason,
             output_text="".join(stream.text_parts),
             output_ids=stream.ids or None,

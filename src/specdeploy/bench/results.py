@@ -125,6 +125,8 @@ class RequestRecord(BaseModel):
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
+    # SGLang's per-request histogram: entry k counts verify steps that accepted k drafted tokens (bonus aside).
+    spec_correct_drafts_histogram: list[int] | None = None
     finish_reason: str | None = None
     output_text: str = ""
     output_ids: list[int] | None = None

@@ -130,7 +130,8 @@ class Generation:
             return {}
         correct = sum(self.accept_lengths) - self.verify_ct  # accepted draft tokens: bonus tokens excluded
         proposed = sum(self.budgets) if self.budgets else self.verify_ct * draft
-        metrics = sglang_protocol.spec_metrics(len(self.output_ids), self.verify_ct, correct, proposed)
+        per_step = [n - 1 for n in self.accept_lengths]
+        metrics = sglang_protocol.spec_metrics(len(self.output_ids), self.verify_ct, correct, proposed, per_step)
         if self.budgets:  # an adaptive budget: the tree size of each verify step
             metrics["ddtree_budgets"] = self.budgets
         return metrics
