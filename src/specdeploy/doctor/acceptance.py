@@ -40,12 +40,11 @@ def add_histograms(a: list[int], b: list[int]) -> list[int]:
 
 
 def depth_rates(histogram: list[int]) -> list[tuple[int, float, int]]:
-    """(depth, acceptance rate, steps that reached depth - 1) for every depth some step attempted."""
-    reached = [sum(histogram[d:]) for d in range(len(histogram) + 1)]
+    """(depth, acceptance rate, steps that reached depth - 1) up to the deepest accepted draft (whether any
+    step drafted beyond it, the histogram does not say)."""
+    reached = [sum(histogram[d:]) for d in range(len(histogram))]
     return [
-        (d, reached[d] / reached[d - 1], reached[d - 1])
-        for d in range(1, len(histogram) + 1)
-        if reached[d - 1]
+        (d, reached[d] / reached[d - 1], reached[d - 1]) for d in range(1, len(histogram)) if reached[d - 1]
     ]
 
 
