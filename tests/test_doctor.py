@@ -238,3 +238,65 @@ def test_reference_server_reports_the_histogram_of_its_steps() -> None:
         meta = client.post("/generate", json=body).json()["meta_info"]
     counts = Counter(n - 1 for n in expected.accept_lengths)
     assert meta["spec_correct_drafts_histogram"] == [counts[k] for k in range(max(counts) + 1)]
+
+
+def test_doctor_command_against_the_fake_sglang_server_prints_json() -> None:
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+
+    server = ServerThread(
+        FakeServer(StreamPlan(ttft_s=0.0, gap_s=0.0, tokens_per_chunk=3, output_tokens=12))
+    ).start()
+    try:
+        result = CliRunner().invoke(app, ["doctor", "--url", server.url, "--max-new-tokens", "12", "--json"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tau"] == 3.0  # every step: 2 drafts accepted and the bonus
+    assert {g["group"] for g in report["groups"]} == {p.group for p in probe_requests(12, None)}
+    assert all(g["acceptance_by_depth"] == [1.0, 1.0] for g in report["groups"])
+    assert {f["check"] for f in report["findings"]} >= {"files", "depth-curve"}
+    assert set(report["findings"][0]) == {"severity", "check", "message", "evidence", "fix"}
+
+
+def test_doctor_refuses_a_mode_without_a_drafter() -> None:
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+
+    result = CliRunner().invoke(app, ["doctor", "--target", "zoo:tiny-code", "--mode", "ar"])
+    assert result.exit_code != 0 and "use dflash or ddtree" in str(result.exception)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO)
+def test_good_zoo_pairs_in_process_have_no_error(name: str) -> None:
+    from specdeploy.doctor.diagnose import diagnose, local_subject
+
+    diagnosis = diagnose(local_subject(f"zoo:{name}", None, None, "dflash", None), "dflash", None, 48, True)
+    assert [f for f in diagnosis.findings if f.severity == "error"] == []
+    assert diagnosis.tau is not None and diagnosis.tau > 1.2 and len(diagnosis.groups) == 8
+
+
+@pytest.mark.slow
+def test_doctor_over_http_against_the_reference_server() -> None:
+    from server_harness import running_server
+
+    from specdeploy.doctor.diagnose import diagnose, server_subject
+
+    pair = (MODELS_DIR / "tiny-code" / "target", MODELS_DIR / "tiny-code" / "draft")
+    with running_server(pair, "dflash") as url:
+        subject = server_subject(url, None, None, None)
+        diagnosis = diagnose(subject, "dflash", None, 32, True)
+    # /server_info names the local model directories: the static checks ran, and found the pair sound
+    assert subject.target_dir == pair[0] and subject.draft_dir == pair[1] and subject.draft_tokens == 16
+    assert [f for f in diagnosis.findings if f.severity == "error"] == []
+    assert all(g.histogram for g in diagnosis.groups) and diagnosis.tau is not None and diagnosis.tau > 1.2
+
+
+def test_depth_one_is_judged_when_no_draft_was_ever_accepted() -> None:
+    assert depth_rates([12]) == [(1, 0.0, 12)]
+    # with 15 drafted tokens per step (a block of 16), depth 2 was drafted by the 4 steps that passed depth 1
+    assert depth_rates([8, 4], drafted=15) == [(1, 4 / 12, 12), (2, 0.0, 4)]

@@ -18,7 +18,7 @@ MIN_STEPS = 8
 # A group whose depth-1 acceptance is below this misses from the first drafted token.
 POOR_FIRST = 0.3
 # Good at depth 1 (at least GOOD_FIRST) but below COLLAPSE x that rate at depth 2 or 3: it collapses.
-GOOD_FIRST = 0.5
+GOOD_FIRST = 0.35
 COLLAPSE = 0.5
 # Best group tau over worst group tau at or above this: acceptance depends on what is asked.
 SPREAD = 1.5
@@ -39,13 +39,12 @@ def add_histograms(a: list[int], b: list[int]) -> list[int]:
     return [x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer)]
 
 
-def depth_rates(histogram: list[int]) -> list[tuple[int, float, int]]:
-    """(depth, acceptance rate, steps that reached depth - 1) up to the deepest accepted draft (whether any
-    step drafted beyond it, the histogram does not say)."""
-    reached = [sum(histogram[d:]) for d in range(len(histogram))]
-    return [
-        (d, reached[d] / reached[d - 1], reached[d - 1]) for d in range(1, len(histogram)) if reached[d - 1]
-    ]
+def depth_rates(histogram: list[int], drafted: int | None = None) -> list[tuple[int, float, int]]:
+    """(depth, acceptance rate, steps that reached depth - 1) from depth 1 to `drafted` (the draft depth of
+    every step, where known), else to the deepest accepted draft (the histogram cannot say more)."""
+    deepest = drafted or max(len(histogram) - 1, 1)
+    reached = [sum(histogram[d:]) for d in range(deepest + 1)]
+    return [(d, reached[d] / reached[d - 1], reached[d - 1]) for d in range(1, deepest + 1) if reached[d - 1]]
 
 
 @dataclass
@@ -53,6 +52,7 @@ class GroupMeasure:
     """One group of probe prompts (e.g. `code/en`, `chat/zh thinking`) and what its requests measured."""
 
     group: str
+    drafted: int | None = None  # tokens drafted per step (the block's masks), where known
     prompts: int = 0
     completion_tokens: int = 0
     verify_steps: int = 0
@@ -83,11 +83,11 @@ class GroupMeasure:
         return sum(self.histogram) if self.histogram else self.verify_steps
 
     def rates(self) -> list[tuple[int, float, int]]:
-        return depth_rates(self.histogram) if self.histogram else []
+        return depth_rates(self.histogram, self.drafted) if self.histogram else []
 
 
 def pooled(groups: list[GroupMeasure]) -> GroupMeasure:
-    total = GroupMeasure("all")
+    total = GroupMeasure("all", groups[0].drafted if groups else None)
     for g in groups:
         total.add(g.completion_tokens, g.verify_steps, g.histogram, g.prompts)
     return total

@@ -11,7 +11,7 @@ from typing import Any
 
 from specdeploy.doctor.acceptance import GroupMeasure, curve_text, pooled, probe_findings
 from specdeploy.doctor.findings import Finding, ranked, report_json
-from specdeploy.doctor.pair import PairFiles, static_findings, thinking_switch
+from specdeploy.doctor.pair import PairFiles, static_findings, thinking_switch, zoo_pair_name
 from specdeploy.doctor.probe import (
     ProbeRequest,
     local_dir,
@@ -160,7 +160,9 @@ def _probe(
 
         template_dir = tokenizer or (str(subject.target_dir) if subject.target_dir is not None else None)
         template = load_template(template_dir) if template_dir else None
-        return probe_server(subject.url, _requests(template, max_new_tokens), template), []
+        # SGLang's DFlash draft tokens count the block's first (committed) token
+        drafted = subject.draft_tokens - 1 if subject.draft_tokens else None
+        return probe_server(subject.url, _requests(template, max_new_tokens), template, drafted), []
     from specdeploy.engine.runtime import load_engine
 
     try:
@@ -193,7 +195,7 @@ def expected_tau(pair: PairFiles | None, mode: str, budget: int | None) -> tuple
 
     card = pair.draft_card()
     tau = measured_tau(card)
-    source = f"card of {pair.draft_dir.parent.name}, held-out code"
+    source = f"card of {zoo_pair_name(pair.draft_dir) or pair.draft_dir}, held-out code"
     if mode == "dflash" and tau.dflash is not None:
         return tau.dflash, source
     if mode == "ddtree" and tau.ddtree is not None and tau.ddtree_budget == budget:

@@ -45,8 +45,8 @@ def _prompt(p: ProbePrompt, index: int) -> Prompt:
     return Prompt(id=f"{p.group}-{index}", turns=(p.text,), category=p.category)
 
 
-def _groups(requests: list[ProbeRequest]) -> dict[str, GroupMeasure]:
-    return {r.group: GroupMeasure(r.group) for r in requests}
+def _groups(requests: list[ProbeRequest], drafted: int | None) -> dict[str, GroupMeasure]:
+    return {r.group: GroupMeasure(r.group, drafted) for r in requests}
 
 
 def probe_engine(
@@ -55,7 +55,7 @@ def probe_engine(
     """Run the probe on a loaded reference engine (`engine.runtime.Engine`), one request at a time."""
     from specdeploy.engine.sampling import SamplingParams
 
-    groups = _groups(requests)
+    groups = _groups(requests, engine.block_size - 1)  # a DDTree path is no deeper than DFlash's block
     for request in requests:
         text = build_payload("generate", request.prompt, [], request.sampling, None, template)["text"]
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
@@ -67,17 +67,25 @@ def probe_engine(
 
 
 def probe_server(
-    url: str, requests: list[ProbeRequest], template: ChatTemplate | None, timeout_s: float = 600.0
+    url: str,
+    requests: list[ProbeRequest],
+    template: ChatTemplate | None,
+    drafted: int | None = None,
+    timeout_s: float = 600.0,
 ) -> list[GroupMeasure]:
     """Run the probe against a server's native /generate, one request at a time; the acceptance comes from
     each request's meta_info (per request, so other traffic does not pollute it)."""
-    return asyncio.run(_probe_server(url, requests, template, timeout_s))
+    return asyncio.run(_probe_server(url, requests, template, drafted, timeout_s))
 
 
 async def _probe_server(
-    url: str, requests: list[ProbeRequest], template: ChatTemplate | None, timeout_s: float
+    url: str,
+    requests: list[ProbeRequest],
+    template: ChatTemplate | None,
+    drafted: int | None,
+    timeout_s: float,
 ) -> list[GroupMeasure]:
-    groups = _groups(requests)
+    groups = _groups(requests, drafted)
     async with BenchClient(url, "generate", timeout_s) as client:
         if not await client.healthy():
             raise SpecdeployError(
