@@ -193,10 +193,10 @@ def measure(group: str, accept_lengths: list[int]) -> GroupMeasure:
 
 def test_fingerprints_of_the_depth_curve_and_the_groups() -> None:
     missing = probe_findings([measure("code/en", [1] * 18 + [2] * 2)], None)
-    assert "wrong features" in next(f for f in missing if f.check == "depth-curve").message
+    assert "wrong inputs" in next(f for f in missing if f.check == "depth-curve").message
     # depth 1 always accepted, depth 2 in 2 of 20 steps: it collapses
     collapsing = probe_findings([measure("code/en", [2] * 18 + [5] * 2)], None)
-    assert "collapses by depth 2" in next(f for f in collapsing if f.check == "depth-curve").message
+    assert "collapse by depth 2" in next(f for f in collapsing if f.check == "depth-curve").message
     spread = probe_findings([measure("code/en", [5] * 20), measure("chat/zh", [2] * 20)], (4.0, "card"))
     assert checks(spread, "warning") == {"domain"} and checks(spread, "info") >= {"expected-tau"}
     thinking = probe_findings(
@@ -300,3 +300,32 @@ def test_depth_one_is_judged_when_no_draft_was_ever_accepted() -> None:
     assert depth_rates([12]) == [(1, 0.0, 12)]
     # with 15 drafted tokens per step (a block of 16), depth 2 was drafted by the 4 steps that passed depth 1
     assert depth_rates([8, 4], drafted=15) == [(1, 4 / 12, 12), (2, 0.0, 4)]
+
+
+def copy_pair_with_weights(tmp_path: Path, name: str = "tiny-code") -> Path:
+    out = tmp_path / name
+    shutil.copytree(MODELS_DIR / name, out, ignore=shutil.ignore_patterns("train_log.json"))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("change", "cause", "shape"),
+    [
+        # a blank the drafter never learned: it misses from the first drafted token
+        ({"mask_token_id": 0}, "mask-token", "misses from the first drafted token"),
+        # positions rotated another way: the first draft, next to the committed context, survives; then nothing
+        ({"rope_theta": 1000.0}, "rope", "collapse by depth 2"),
+    ],
+)
+def test_broken_pairs_in_process_show_the_curve_of_their_cause(
+    tmp_path: Path, change: dict, cause: str, shape: str
+) -> None:
+    from specdeploy.doctor.diagnose import diagnose, local_subject
+
+    pair = copy_pair_with_weights(tmp_path)
+    edit_draft(pair, **change)
+    subject = local_subject(str(pair / "target"), str(pair / "draft"), None, "dflash", None)
+    diagnosis = diagnose(subject, "dflash", None, 48, True)
+    assert diagnosis.findings[0].severity == "error" and diagnosis.findings[0].check == cause
+    assert shape in next(f for f in diagnosis.findings if f.check == "depth-curve").message

@@ -140,7 +140,7 @@ def _curve_findings(best: GroupMeasure) -> list[Finding]:
                 "warning",
                 "depth-curve",
                 f"even on its best prompts the drafter misses from the first drafted token "
-                f"({first:.0%} at depth 1): it reads the wrong features",
+                f"({first:.0%} at depth 1): it is fed the wrong inputs",
                 evidence,
                 "check the drafter's target_layer_ids, hidden size, vocabulary and mask token against the "
                 "target (the static checks above), and that the drafter was trained for this target",
@@ -153,7 +153,7 @@ def _curve_findings(best: GroupMeasure) -> list[Finding]:
             Finding(
                 "warning",
                 "depth-curve",
-                f"acceptance is good at depth 1 ({first:.0%}) and collapses by depth {depth} ({rate:.0%}): "
+                f"drafts survive depth 1 ({first:.0%}) and collapse by depth {depth} ({rate:.0%}): "
                 "positions within the block are off",
                 evidence,
                 "check the drafter's RoPE (theta, YaRN factor and attention factor) against what it was trained "
