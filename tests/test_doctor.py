@@ -329,3 +329,9 @@ def test_broken_pairs_in_process_show_the_curve_of_their_cause(
     diagnosis = diagnose(subject, "dflash", None, 48, True)
     assert diagnosis.findings[0].severity == "error" and diagnosis.findings[0].check == cause
     assert shape in next(f for f in diagnosis.findings if f.check == "depth-curve").message
+
+
+def test_a_request_without_verify_steps_adds_nothing() -> None:
+    group = GroupMeasure("g")
+    group.add(0, 0, histogram_from_accept_lengths([]))
+    assert group.tau is None and group.steps == 0 and group.rates() == []

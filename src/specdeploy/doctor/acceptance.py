@@ -28,7 +28,7 @@ SHORTFALL = 0.7
 
 def histogram_from_accept_lengths(accept_lengths: list[int]) -> list[int]:
     """Accept lengths (bonus token included) -> counts of steps by drafted tokens accepted."""
-    counts = [0] * max((n for n in accept_lengths), default=1)
+    counts = [0] * max(accept_lengths, default=0)
     for n in accept_lengths:
         counts[n - 1] += 1
     return counts
@@ -73,9 +73,8 @@ class GroupMeasure:
     def tau(self) -> float | None:
         """Tokens per verify step, bonus included: from the histogram where there is one (the steps' own
         counts), else completion tokens / verify steps as SGLang's spec_accept_length counts it."""
-        if self.histogram:
-            steps = sum(self.histogram)
-            return 1 + sum(k * n for k, n in enumerate(self.histogram)) / steps
+        if self.histogram and sum(self.histogram):
+            return 1 + sum(k * n for k, n in enumerate(self.histogram)) / sum(self.histogram)
         return self.completion_tokens / self.verify_steps if self.verify_steps else None
 
     @property
@@ -129,7 +128,7 @@ def _curve_findings(best: GroupMeasure) -> list[Finding]:
                 "depth-curve",
                 "the server reports no per-step acceptance, so the curve by depth is unknown",
                 "meta_info has no spec_correct_drafts_histogram",
-                "use SGLang 0.5.x or later (or `specdeploy serve`) for the per-depth fingerprint",
+                "use a server that reports it per request (SGLang 0.5.23 does, and `specdeploy serve`)",
             )
         ]
     first = rates[0][1]
