@@ -206,7 +206,11 @@ def expected_tau(pair: PairFiles | None, mode: str, budget: int | None) -> tuple
 def render_text(diagnosis: Diagnosis) -> str:
     lines = []
     subject = diagnosis.subject
-    what = subject.url or f"{subject.target_dir} + {subject.draft_dir}"
+    what = subject.url or (
+        f"{subject.target_dir} + {subject.draft_dir}"
+        if subject.target_dir is not None
+        else f"recipe {subject.recipe.name if subject.recipe else '-'}"
+    )
     lines.append(f"doctor: {what} ({diagnosis.mode}), {diagnosis.seconds:.1f} s")
     if diagnosis.groups:
         tau = diagnosis.tau

@@ -417,8 +417,7 @@ def _recipe_pairing(recipe: Recipe) -> list[Finding]:
             )
         )
     findings += [
-        Finding("info", "known-issue", issue, f"recipe {recipe.name}", "see the message")
-        for issue in recipe.known_issues
+        Finding("info", "known-issue", issue, f"recipe {recipe.name}", "-") for issue in recipe.known_issues
     ]
     return findings
 
