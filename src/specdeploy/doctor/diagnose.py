@@ -65,7 +65,7 @@ class Diagnosis:
             target=None if self.subject.target_dir is None else str(self.subject.target_dir),
             draft=None if self.subject.draft_dir is None else str(self.subject.draft_dir),
             url=self.subject.url,
-            mode=self.mode,
+            mode=None if self.subject.url else self.mode,
             seconds=round(self.seconds, 2),
         )
 
@@ -211,7 +211,8 @@ def render_text(diagnosis: Diagnosis) -> str:
         if subject.target_dir is not None
         else f"recipe {subject.recipe.name if subject.recipe else '-'}"
     )
-    lines.append(f"doctor: {what} ({diagnosis.mode}), {diagnosis.seconds:.1f} s")
+    mode = "" if subject.url else f" ({diagnosis.mode})"  # a server's mode is its own, not --mode's
+    lines.append(f"doctor: {what}{mode}, {diagnosis.seconds:.1f} s")
     if diagnosis.groups:
         tau = diagnosis.tau
         lines.append(
