@@ -12,6 +12,7 @@ from specdeploy.cli import app
 from specdeploy.modes import ENGINE_MODES, MODES
 
 ENGINE_COMMANDS = {"generate", "serve", "profile"}  # the reference engine: ar, dflash, ddtree only
+DRAFTER_COMMANDS = {"doctor"}  # the reference engine with a drafter: dflash, ddtree
 
 
 def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
@@ -57,8 +58,10 @@ def test_mode_options_list_their_choices():
             if "--mode" not in param.opts:
                 continue
             modes = ENGINE_MODES if name in ENGINE_COMMANDS else MODES
+            if name in DRAFTER_COMMANDS:
+                modes = ("dflash", "ddtree")
             assert all(mode in param.help for mode in modes), (name, param.help)
-            if name in ENGINE_COMMANDS:
+            if name in ENGINE_COMMANDS | DRAFTER_COMMANDS:
                 assert "eagle3" not in param.help, name
 
 

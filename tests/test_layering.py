@@ -36,6 +36,8 @@ FORBIDDEN = {
     "zoo": {"server", "bench", "deploy", "campaign", "report", "plan", "demo", "lab"},
     "deploy": {"campaign", "bench", "report", "demo", "server"},
     "campaign": {"demo", "engine", "server"},
+    # doctor's probe talks HTTP like bench or runs the engine in process; it never reaches into the server.
+    "doctor": {"server", "deploy", "campaign", "plan", "demo", "lab", "report"},
 }
 
 

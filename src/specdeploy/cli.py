@@ -13,6 +13,7 @@ from specdeploy.demo import command as demo_command
 from specdeploy.deploy import commands as deploy_commands
 from specdeploy.deploy import plan_commands
 from specdeploy.deploy.orphans import reap_orphans
+from specdeploy.doctor import command as doctor_command
 from specdeploy.errors import SpecdeployError
 from specdeploy.lab import commands as lab_commands
 from specdeploy.lock import commands as lock_commands
@@ -67,6 +68,7 @@ app.command("bench-selftest")(bench_commands.bench_selftest)
 app.command("campaign")(campaign_commands.campaign)
 app.command("report")(report_commands.report)
 projection_commands.register(app)  # project, recommend
+app.command("doctor")(doctor_command.doctor)
 
 
 if __name__ == "__main__":

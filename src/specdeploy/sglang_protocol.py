@@ -45,16 +45,26 @@ def sse_error(message: str, status: int) -> bytes:
 # --- native /generate ---------------------------------------------------------------------------------
 
 
-def spec_metrics(completion_tokens: int, verify_ct: int, correct: int, proposed: int) -> dict[str, Any]:
+def spec_metrics(
+    completion_tokens: int, verify_ct: int, correct: int, proposed: int, correct_per_step: list[int] | None = None
+) -> dict[str, Any]:
     """SGLang's per-request speculative counters; spec_accept_length counts the bonus token of each step.
-    A request served by AR steps alone (an adaptive budget's 0) proposed no drafts: its accept rate is 0."""
-    return {
+    `correct_per_step` (drafted tokens accepted by each verify step) gives SGLang's
+    `spec_correct_drafts_histogram`: entry k counts the steps that accepted exactly k. A request served by AR
+    steps alone (an adaptive budget's 0) proposed no drafts: its accept rate is 0."""
+    metrics: dict[str, Any] = {
         "spec_accept_rate": correct / proposed if proposed else 0.0,
         "spec_accept_length": completion_tokens / verify_ct,
         "spec_num_correct_drafts": correct,
         "spec_num_proposed_drafts": proposed,
         "spec_verify_ct": verify_ct,
     }
+    if correct_per_step:
+        histogram = [0] * (max(correct_per_step) + 1)
+        for k in correct_per_step:
+            histogram[k] += 1
+        metrics["spec_correct_drafts_histogram"] = histogram
+    return metrics
 
 
 def meta_info(

@@ -228,6 +228,7 @@ class BenchClient:
             spec_accept_length=meta.get("spec_accept_length"),
             ddtree_budgets=meta.get("ddtree_budgets"),
             ddtree_predicted_accept_length=meta.get("ddtree_predicted_accept_length"),
+            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
             finish_reason=stream.finish_reason,
             output_text="".join(stream.text_parts),
             output_ids=stream.ids or None,

@@ -225,9 +225,11 @@ class FakeServer:
     def _spec(self, tokens: int, chunks: int) -> dict[str, Any]:
         # Each chunk is one verify step whose drafts were all accepted (k - 1 of them, the bonus token
         # aside); at one token per chunk the drafter proposes one token per step, always rejected.
-        draft = max(self.plan.tokens_per_chunk - 1, 1)
+        k = self.plan.tokens_per_chunk
+        draft = max(k - 1, 1)
         correct = tokens - chunks
-        return spec_metrics(tokens, chunks, correct, chunks * draft)
+        per_step = [k - 1] * (chunks - 1) + [tokens - k * (chunks - 1) - 1]  # the last chunk may be short
+        return spec_metrics(tokens, chunks, correct, chunks * draft, per_step)
 
     async def _generate(self, request: HttpRequest, out: HttpResponder) -> None:
         try:

@@ -128,6 +128,8 @@ class RequestRecord(BaseModel):
     spec_accept_length: float | None = None
     ddtree_budgets: list[int] | None = None  # an adaptive DDTree budget: each verify step's (0: an AR step)
     ddtree_predicted_accept_length: float | None = None  # what the policy predicted per step, on average
+    # SGLang's per-request histogram: entry k counts verify steps that accepted k drafted tokens (bonus aside).
+    spec_correct_drafts_histogram: list[int] | None = None
     finish_reason: str | None = None
     output_text: str = ""
     output_ids: list[int] | None = None
