@@ -29,9 +29,11 @@ def test_kimi_on_rtx_pro_6000_uses_triton_pcie_allreduce_and_explicit_limits():
     assert "sm_120" in reason_for(plan, "--attention-backend")
     assert plan.env == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     assert "custom all-reduce" in reason_for(plan, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
-    assert flag(plan, "--max-running-requests") == "32"
+    # the KV pool at the recipe's working context of 8192 tokens decides, and the graphs capture as many
+    running = int(flag(plan, "--max-running-requests"))
+    assert running == plan.memory.kv_tokens_fit // 8192
     assert "48" in reason_for(plan, "--max-running-requests")
-    assert flag(plan, "--cuda-graph-max-bs-decode") == "32"
+    assert flag(plan, "--cuda-graph-max-bs-decode") == str(running)
     assert flag(plan, "--speculative-num-draft-tokens") == "8"
     assert flag(plan, "--speculative-draft-window-size") == "4096"
     assert flag(plan, "--reasoning-parser") == flag(plan, "--tool-call-parser") == "kimi_k2"
@@ -184,3 +186,41 @@ def test_unknown_architecture_is_refused():
     ampere = load_hardware("h200-x1").model_copy(update={"compute_capability": "8.0", "name": "a100"})
     with pytest.raises(SpecdeployError, match="compute capability 8.0"):
         make_plan("qwen3-8b", ampere, "ar")
+
+
+def test_bigger_gpus_run_more_requests_each_with_its_reason():
+    """The KV pool sizes the cap: per GPU, B300 (288 GB) > B200 (180 GB) > RTX PRO 6000 (96 GB)."""
+    plans = [make_plan("kimi-k2.6", hw, "dflash") for hw in ("rtx-pro-6000-x8", "b200-x8", "b300-x8")]
+    running = [int(flag(plan, "--max-running-requests")) for plan in plans]
+    assert running[0] < running[1] < running[2] <= 256
+    for plan, n in zip(plans, running, strict=True):
+        why = reason_for(plan, "--max-running-requests")
+        assert f"{n} requests" in why and "8192 tokens" in why
+        # the working context, not the full one: each request's 8192 tokens fit beside the others'
+        assert n * 8192 <= plan.memory.kv_tokens_fit
+        assert f"{plan.memory.full_length_requests} at the full --context-length 32768" in why
+    assert "capped at 256" in reason_for(plans[2], "--max-running-requests")
+    assert "--context-length 32768" in [reason.choice for reason in plans[0].reasons]
+
+
+def test_an_explicit_cap_is_kept():
+    plan = make_plan("kimi-k2.6", "b200-x8", "dflash", max_running_requests=32)
+    assert flag(plan, "--max-running-requests") == "32"
+
+
+def test_each_drafter_carries_only_its_own_notes():
+    eagle3 = make_plan("kimi-k2.6", "b200-x8", "eagle3")
+    dflash = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert not any("YaRN" in w or "z-lab/Kimi-K2.6-DFlash only" in w for w in eagle3.warnings)
+    assert any("YaRN" in w for w in dflash.warnings)
+    assert any("z-lab/Kimi-K2.6-DFlash only with Kimi K2.6" in w for w in dflash.warnings)
+
+
+def test_two_nodes_carry_the_fabric_and_warn_when_one_node_holds_the_model():
+    plan = make_plan("kimi-k2.6", "b200-x8", "dflash", nnodes=2)
+    assert plan.env["NCCL_SOCKET_IFNAME"] == plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert plan.env["NCCL_IB_HCA"] == "mlx5" and plan.gpus.rdma_resource == "rdma/rdma_shared_device_a"
+    assert any("fits on one b200-x8 node at TP8" in w and "--nnodes 1" in w for w in plan.warnings)
+    # on one node there is no fabric to name
+    single = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert "NCCL_SOCKET_IFNAME" not in single.env and single.gpus.rdma_resource is None

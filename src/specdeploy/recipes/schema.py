@@ -36,6 +36,8 @@ class ModelFacts(_Data):
     kv_bytes_per_token: int = Field(ge=0)  # whole model, bf16, all layers
     quantization: str
     unverified: list[str] = Field(default_factory=list)  # facts nobody here has confirmed
+    # What a deployer must know about this checkpoint; plans that load it repeat them as warnings.
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def is_zoo(self) -> bool:
@@ -76,6 +78,9 @@ class Recipe(_Data):
     tool_call_parser: str | None = None
     default_context_length: int = Field(gt=0)
     default_max_running_requests: int = Field(gt=0)
+    # Tokens a typical request of this pair holds (prompt + output, thinking included): SGLang plans size
+    # --max-running-requests from the KV pool at this length; None: default_max_running_requests as it is.
+    working_context_length: int | None = Field(default=None, gt=0)
     known_issues: list[str] = Field(default_factory=list)  # repeated as warnings in every plan
 
     @model_validator(mode="after")
@@ -86,6 +91,17 @@ class Recipe(_Data):
                 f"context_length {self.target.context_length}"
             )
         return self
+
+
+class Fabric(_Data):
+    """How nodes of this machine reach each other for multi-node serving (NCCL over RDMA or sockets)."""
+
+    # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the interface of the node-to-node network (bootstrap, sockets)
+    socket_ifname: str
+    # NCCL_IB_HCA: the RDMA adapters NCCL may use; None: sockets only (no InfiniBand / RoCE)
+    ib_hca: str | None = None
+    # The Kubernetes extended resource the RDMA device plugin exposes, requested once per pod
+    rdma_resource: str | None = None
 
 
 class HardwareProfile(_Data):
@@ -101,6 +117,7 @@ class HardwareProfile(_Data):
     interconnect: Interconnect
     # Where the reference engine runs: "cuda" is any one CUDA GPU (its model is not checked).
     device: ReferenceDevice = "cpu"
+    fabric: Fabric | None = None  # None: the profile serves from one node only
     unverified: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
