@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +38,8 @@ class ModelFacts(_Data):
     unverified: list[str] = Field(default_factory=list)  # facts nobody here has confirmed
     # What a deployer must know about this checkpoint; plans that load it repeat them as warnings.
     notes: list[str] = Field(default_factory=list)
+    # The checkpoint's config.json, as far as SGLang's start-up resolution reads it (`plan --check`)
+    hf_config: dict[str, Any] | None = None
 
     @property
     def is_zoo(self) -> bool:
