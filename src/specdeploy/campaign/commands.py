@@ -41,7 +41,7 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
             )
             baseline = f", paired with {run.config.baseline_run}" if run.config.baseline_run else ""
             branch.add(
-                f"{run.dataset}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
+                f"{run.label}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
                 f"-> {run.path}{baseline}"
             )
         branch.add("stop")

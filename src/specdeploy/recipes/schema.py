@@ -66,6 +66,13 @@ class Eagle3DrafterFacts(ModelFacts):
     num_draft_tokens: int = Field(ge=2)
 
 
+class ThinkingSwitch(_Data):
+    """A target that thinks before it answers, and the chat-template argument that turns it off."""
+
+    kwarg: str  # the chat_template_kwargs key: `thinking` (Kimi K2.x), `enable_thinking` (Qwen3)
+    default: bool = True  # what the chat template does when the key is absent
+
+
 class Recipe(_Data):
     """A model pair: the target, its DFlash drafter, optionally an EAGLE3 drafter, and serving defaults."""
 
@@ -84,6 +91,8 @@ class Recipe(_Data):
     # --max-running-requests from the KV pool at this length; None: default_max_running_requests as it is.
     working_context_length: int | None = Field(default=None, gt=0)
     known_issues: list[str] = Field(default_factory=list)  # repeated as warnings in every plan
+    # Set for thinking models: bench and campaign then refuse to run without a thinking setting.
+    thinking: ThinkingSwitch | None = None
 
     @model_validator(mode="after")
     def _defaults_fit_the_model(self) -> Recipe:

@@ -66,6 +66,12 @@ def _mode(key: CellKey) -> str:
     return key.mode or "-"
 
 
+def _thinking_label(run: LoadedRun) -> str:
+    """A thinking target's setting, next to the dataset it was measured on (older runs recorded none)."""
+    thinking = run.manifest.options.get("thinking")
+    return "" if thinking is None else f" (thinking {thinking})"
+
+
 def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
     key = cells[0].key
     ids = {cell.key.id for cell in cells}
@@ -77,7 +83,7 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
     comparison = run.summary.speedups.get(key.point_id)
     return ReportRow(
         series=series,
-        dataset=key.dataset,
+        dataset=key.dataset + _thinking_label(run),
         mode=_mode(key),
         budget=key.budget,
         concurrency=key.concurrency if key.request_rate is None else None,
