@@ -73,8 +73,9 @@ def test_memory_table_adds_up():
     static = int(m.gpu_memory * m.mem_fraction_static)
     assert m.weights_per_gpu + m.drafter_per_gpu + m.recurrent_state_per_gpu + m.kv_budget_per_gpu == static
     assert m.kv_tokens_fit == m.kv_budget_per_gpu // m.kv_bytes_per_token
-    # Kimi's MLA latent (70,272 B) is replicated on every rank; the drafter's 8 KV heads split over TP8.
-    assert m.kv_bytes_per_token == 70_272 + 24_576 // 8
+    # Kimi's MLA latent (70,272 B in bf16, half in the fp8 pool this plan chose) is replicated on every rank;
+    # the drafter's 8 KV heads split over TP8.
+    assert m.kv_bytes_per_token == 70_272 // 2 + 24_576 // 8
     assert 10e9 < m.kv_budget_per_gpu < 15e9  # the 10-15 GB left per GPU the field reports
 
 
@@ -224,3 +225,19 @@ def test_two_nodes_carry_the_fabric_and_warn_when_one_node_holds_the_model():
     # on one node there is no fabric to name
     single = make_plan("kimi-k2.6", "b200-x8", "dflash")
     assert "NCCL_SOCKET_IFNAME" not in single.env and single.gpus.rdma_resource is None
+
+
+def test_fp8_kv_where_the_pool_binds_and_the_backend_reads_it():
+    rtx = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash")
+    b200 = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert flag(rtx, "--kv-cache-dtype") == "fp8_e4m3" and flag(b200, "--kv-cache-dtype") is None
+    # Kimi's MLA latent (61 x 576 values) in one byte each, plus the bf16 drafter's TP8 share (24576 / 8)
+    assert rtx.memory.kv_bytes_per_token == 61 * 576 + 24_576 // 8
+    assert b200.memory.kv_bytes_per_token == 61 * 576 * 2 + 24_576 // 8
+    why = reason_for(rtx, "--kv-cache-dtype")
+    assert "in bf16 it holds 19 requests" in why and "decode_attention.py" in why
+    # an explicit cap is the user's: no fp8 is chosen behind it
+    assert (
+        flag(make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash", max_running_requests=8), "--kv-cache-dtype")
+        is None
+    )

@@ -40,7 +40,7 @@ def test_text_explains_what_why_memory_and_warnings(kimi):
     for heading in ("What will run", "Models", "Command", "Why these settings", "Memory", "Warnings", "Next"):
         assert f"\n{heading}" in text
     assert "NOT PINNED" in text and "--attention-backend triton: sm_120" in text
-    assert "python -m sglang.launch_server" in text and "158,644 tokens" in text
+    assert "python -m sglang.launch_server" in text and f"{kimi.memory.kv_tokens_fit:,} tokens" in text
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

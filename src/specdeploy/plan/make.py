@@ -33,6 +33,16 @@ LARGE_MOE_BUDGET = 64
 # Batches above this gain little decode throughput per GPU and multiply the verify tokens of speculative modes;
 # SGLang's own decode CUDA-graph limit on the largest GPUs is 512 (memory_hook.py, handle_gpu_memory_settings).
 MAX_DERIVED_RUNNING = 256
+# Below this many working-context requests in bf16, the KV pool is what limits the server: store it in fp8.
+FP8_KV_BELOW_REQUESTS = 32
+FP8_KV_DTYPE = "fp8_e4m3"
+# Target attention backends whose SGLang 0.5.23 kernels take an fp8 KV cache, and where that is written.
+FP8_KV_BACKENDS = {
+    # the MLA decode kernel casts q to the KV buffer's dtype and folds k_scale into the softmax scale
+    "triton": "sglang/kernels/ops/attention/decode_attention.py:661 and :1255",
+    # the only KV dtypes it accepts are fp8_e4m3, bf16 and auto
+    "trtllm_mla": "sglang/srt/arg_groups/overrides.py:1214",
+}
 
 
 def make_plan(
@@ -89,14 +99,29 @@ def make_plan(
             if full_tree and not reference
             else 0,
             dtype_factor=REFERENCE_DTYPE_FACTOR if reference and hardware.device == "cpu" else 1,
+            kv_fp8=kv_fp8,
         )
 
+    kv_fp8 = False
     tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
-    running_why = None
+    running_why, kv_reason = None, None
+    attention = None if reference else choose_attention(recipe, hardware, mode, full_tree, attention_backend)
     if max_running_requests is None and not reference and recipe.working_context_length is not None:
         running, memory, running_why = _running_from_memory(
-            recipe, hardware, drafter, tp_size, context, workload, memory
+            recipe, hardware, drafter, tp_size, context, workload
         )
+        if running < FP8_KV_BELOW_REQUESTS and attention.target in FP8_KV_BACKENDS:
+            bf16_running = running
+            kv_fp8 = True
+            running, memory, running_why = _running_from_memory(
+                recipe, hardware, drafter, tp_size, context, workload
+            )
+            kv_reason = Reason(
+                choice=f"--kv-cache-dtype {FP8_KV_DTYPE}",
+                why=f"the KV pool binds here: in bf16 it holds {bf16_running} requests of the working context, "
+                f"in fp8 {running}; SGLang 0.5.23's {attention.target} kernels read an fp8 KV cache "
+                f"({FP8_KV_BACKENDS[attention.target]}); fp8 KV can cost some acceptance: the smoke test reports tau",
+            )
     one_node = _one_node_fits(recipe, hardware, drafter, nnodes, tp_size, workload)
     warnings = _warnings(recipe, hardware, mode, fixed, full_tree, drafter, tp_size, total_gpus, nnodes)
     warnings += [one_node] if one_node else []
@@ -106,14 +131,15 @@ def make_plan(
         argv = _reference_argv(recipe, hardware, mode, budget, drafter, port, running, context)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
-        attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
         serving = sglang_args.Serving(
             tp_size, nnodes, context, running, DEFAULT_HOST, port, running_why, context_length is None
         )
         args = sglang_args.server_args(recipe, mode, budget, drafter, attention, serving, memory)
-        argv = [*SGLANG_LAUNCH, *args.argv]
+        kv_argv = ["--kv-cache-dtype", FP8_KV_DTYPE] if kv_fp8 else []
+        argv = [*SGLANG_LAUNCH, *args.argv, *kv_argv]
         env = sglang_args.environment(hardware, tp_size, nnodes)
-        reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
+        reasons = [tp_reason, *attention.reasons, *args.reasons, *([kv_reason] if kv_reason else [])]
+        reasons += sglang_args.environment_reasons(env)
         engine = sglang_ddtree_build(lock) if mode == "ddtree" else sglang_release(lock)
     return LaunchPlan(
         recipe=recipe.name,
@@ -254,13 +280,13 @@ def _running_from_memory(
     tp: int,
     context: int,
     workload: Callable[..., Workload],
-    provisional: MemoryTable,
 ) -> tuple[int, MemoryTable, str]:
     """The most requests of the recipe's working context the KV pool holds at once, capped, with its memory
     table and the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
     working = min(recipe.working_context_length or context, context)
-    requests = max(1, min(MAX_DERIVED_RUNNING, provisional.kv_tokens_fit // working))
-    memory = provisional
+    # The most the pool could hold: with the CUDA graphs of a single request
+    largest = budget_memory(recipe.target, drafter, hardware, workload(tp, 1), recipe.name)
+    requests = max(1, min(MAX_DERIVED_RUNNING, largest.kv_tokens_fit // working))
     while True:
         memory = budget_memory(recipe.target, drafter, hardware, workload(tp, requests), recipe.name)
         held = memory.kv_tokens_fit // working
