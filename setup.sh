@@ -21,4 +21,10 @@ fi
 .venv/bin/python -m pip install -q --no-deps -c constraints.txt dflash==0.1.0
 if is_py311; then
     .venv/bin/python -m pip install -q --no-deps "sglang==0.5.23"
+    # What SGLang's start-up resolution (`plan --check`, ServerArgs.resolve_once) imports beyond its parser.
+    # Not torchvision: the PyPI wheel for torch 2.13 is CUDA-linked and does not load beside the CPU torch;
+    # the check gives SGLang's image-preprocessing modules an inert stand-in instead (deploy/sglang_resolve.py).
+    .venv/bin/python -m pip install -q --no-deps "apache-tvm-ffi==0.1.15.post2" "compressed-tensors==0.20.1" \
+        "dill==0.4.1" "einops==0.8.2" "gguf==0.19.0" "loguru==0.7.3" "openai==3.60.0" \
+        "partial-json-parser==0.2.1.1.post7" "sentencepiece==0.2.3" "sniffio==1.3.1"
 fi

@@ -331,13 +331,15 @@ def test_dry_run_prints_the_ordered_starts_and_cells(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["campaign", str(example), "--dry-run", "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "5 server starts (docker launcher), 60 cells" in text
+    # 5 servers x 3 datasets x 2 thinking settings x 4 concurrency levels
+    assert "5 server starts (docker launcher), 120 cells" in text
     starts = [
         text.index(f"start {s}:")
         for s in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b8", "tp8-ddtree-b16", "tp8-ddtree-b32")
     ]
     assert starts == sorted(starts)
-    assert "mt-bench: c=1 c=4 c=16 c=32 x 1 repeat(s), 0/4 cells done" in text
+    assert "mt-bench-thinking-off: c=1 c=4 c=16 c=32 x 1 repeat(s), 0/4 cells done" in text
+    assert "mt-bench-thinking-on: c=1 c=4 c=16 c=32 x 1 repeat(s), 0/4 cells done" in text
     assert not (tmp_path / "c").exists()
 
 

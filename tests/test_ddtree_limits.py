@@ -88,14 +88,21 @@ def test_the_data_file_records_the_same_facts() -> None:
 
 
 def test_triton_tree_buffers_are_counted_in_the_memory_table() -> None:
-    context, running = 32768, 32  # the recipe's defaults
-    tree = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "ddtree", budget=32).memory
-    chain = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "ddtree", budget=7).memory
-    dflash = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash").memory
+    context, running = 32768, 32  # the recipe's context; a fixed cap, so that the three plans share it
+    tree = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "ddtree", budget=32, max_running_requests=running).memory
+    chain = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "ddtree", budget=7, max_running_requests=running).memory
+    dflash = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash", max_running_requests=running).memory
     assert tree.tree_buffers_per_gpu == (32 + 1) * running * context * TREE_CELL_BYTES
     assert tree.cuda_graph_reserve - dflash.cuda_graph_reserve == tree.tree_buffers_per_gpu
     assert chain.tree_buffers_per_gpu == 0 and chain.cuda_graph_reserve == dflash.cuda_graph_reserve
-    longer = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "ddtree", budget=32, context_length=65536).memory
+    longer = make_plan(
+        "kimi-k2.6",
+        "rtx-pro-6000-x8",
+        "ddtree",
+        budget=32,
+        context_length=65536,
+        max_running_requests=running,
+    ).memory
     assert longer.tree_buffers_per_gpu == 2 * tree.tree_buffers_per_gpu  # linear in the context
     big = make_plan("kimi-k2.6", "b200-x8", "ddtree", budget=512, max_running_requests=64)
     assert big.memory.tree_buffers_per_gpu == 513 * 64 * context * TREE_CELL_BYTES > 9 * 2**30

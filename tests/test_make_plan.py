@@ -29,9 +29,11 @@ def test_kimi_on_rtx_pro_6000_uses_triton_pcie_allreduce_and_explicit_limits():
     assert "sm_120" in reason_for(plan, "--attention-backend")
     assert plan.env == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
     assert "custom all-reduce" in reason_for(plan, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
-    assert flag(plan, "--max-running-requests") == "32"
+    # the KV pool at the recipe's working context of 8192 tokens decides, and the graphs capture as many
+    running = int(flag(plan, "--max-running-requests"))
+    assert running == plan.memory.kv_tokens_fit // 8192
     assert "48" in reason_for(plan, "--max-running-requests")
-    assert flag(plan, "--cuda-graph-max-bs-decode") == "32"
+    assert flag(plan, "--cuda-graph-max-bs-decode") == str(running)
     assert flag(plan, "--speculative-num-draft-tokens") == "8"
     assert flag(plan, "--speculative-draft-window-size") == "4096"
     assert flag(plan, "--reasoning-parser") == flag(plan, "--tool-call-parser") == "kimi_k2"
@@ -71,8 +73,9 @@ def test_memory_table_adds_up():
     static = int(m.gpu_memory * m.mem_fraction_static)
     assert m.weights_per_gpu + m.drafter_per_gpu + m.recurrent_state_per_gpu + m.kv_budget_per_gpu == static
     assert m.kv_tokens_fit == m.kv_budget_per_gpu // m.kv_bytes_per_token
-    # Kimi's MLA latent (70,272 B) is replicated on every rank; the drafter's 8 KV heads split over TP8.
-    assert m.kv_bytes_per_token == 70_272 + 24_576 // 8
+    # Kimi's MLA latent (70,272 B in bf16, half in the fp8 pool this plan chose) is replicated on every rank;
+    # the drafter's 8 KV heads split over TP8.
+    assert m.kv_bytes_per_token == 70_272 // 2 + 24_576 // 8
     assert 10e9 < m.kv_budget_per_gpu < 15e9  # the 10-15 GB left per GPU the field reports
 
 
@@ -184,3 +187,57 @@ def test_unknown_architecture_is_refused():
     ampere = load_hardware("h200-x1").model_copy(update={"compute_capability": "8.0", "name": "a100"})
     with pytest.raises(SpecdeployError, match="compute capability 8.0"):
         make_plan("qwen3-8b", ampere, "ar")
+
+
+def test_bigger_gpus_run_more_requests_each_with_its_reason():
+    """The KV pool sizes the cap: per GPU, B300 (288 GB) > B200 (180 GB) > RTX PRO 6000 (96 GB)."""
+    plans = [make_plan("kimi-k2.6", hw, "dflash") for hw in ("rtx-pro-6000-x8", "b200-x8", "b300-x8")]
+    running = [int(flag(plan, "--max-running-requests")) for plan in plans]
+    assert running[0] < running[1] < running[2] <= 256
+    for plan, n in zip(plans, running, strict=True):
+        why = reason_for(plan, "--max-running-requests")
+        assert f"{n} requests" in why and "8192 tokens" in why
+        # the working context, not the full one: each request's 8192 tokens fit beside the others'
+        assert n * 8192 <= plan.memory.kv_tokens_fit
+        assert f"{plan.memory.full_length_requests} at the full --context-length 32768" in why
+    assert "capped at 256" in reason_for(plans[2], "--max-running-requests")
+    assert "--context-length 32768" in [reason.choice for reason in plans[0].reasons]
+
+
+def test_an_explicit_cap_is_kept():
+    plan = make_plan("kimi-k2.6", "b200-x8", "dflash", max_running_requests=32)
+    assert flag(plan, "--max-running-requests") == "32"
+
+
+def test_each_drafter_carries_only_its_own_notes():
+    eagle3 = make_plan("kimi-k2.6", "b200-x8", "eagle3")
+    dflash = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert not any("YaRN" in w or "z-lab/Kimi-K2.6-DFlash only" in w for w in eagle3.warnings)
+    assert any("YaRN" in w for w in dflash.warnings)
+    assert any("z-lab/Kimi-K2.6-DFlash only with Kimi K2.6" in w for w in dflash.warnings)
+
+
+def test_two_nodes_carry_the_fabric_and_warn_when_one_node_holds_the_model():
+    plan = make_plan("kimi-k2.6", "b200-x8", "dflash", nnodes=2)
+    assert plan.env["NCCL_SOCKET_IFNAME"] == plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert plan.env["NCCL_IB_HCA"] == "mlx5" and plan.gpus.rdma_resource == "rdma/rdma_shared_device_a"
+    assert any("fits on one b200-x8 node at TP8" in w and "--nnodes 1" in w for w in plan.warnings)
+    # on one node there is no fabric to name
+    single = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert "NCCL_SOCKET_IFNAME" not in single.env and single.gpus.rdma_resource is None
+
+
+def test_fp8_kv_where_the_pool_binds_and_the_backend_reads_it():
+    rtx = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash")
+    b200 = make_plan("kimi-k2.6", "b200-x8", "dflash")
+    assert flag(rtx, "--kv-cache-dtype") == "fp8_e4m3" and flag(b200, "--kv-cache-dtype") is None
+    # Kimi's MLA latent (61 x 576 values) in one byte each, plus the bf16 drafter's TP8 share (24576 / 8)
+    assert rtx.memory.kv_bytes_per_token == 61 * 576 + 24_576 // 8
+    assert b200.memory.kv_bytes_per_token == 61 * 576 * 2 + 24_576 // 8
+    why = reason_for(rtx, "--kv-cache-dtype")
+    assert "in bf16 it holds 19 requests" in why and "decode_attention.py" in why
+    # an explicit cap is the user's: no fp8 is chosen behind it
+    assert (
+        flag(make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash", max_running_requests=8), "--kv-cache-dtype")
+        is None
+    )

@@ -14,7 +14,7 @@ from specdeploy.deploy import commands as deploy_commands
 from specdeploy.plan.render import render_plan
 
 runner = CliRunner()
-PLAN_ONLY = {"--format", "--help"}  # how `plan` prints, not what it plans
+PLAN_ONLY = {"--format", "--help", "--check"}  # how `plan` prints and checks, not what it plans
 BASE = ["qwen3-8b", "--hardware", "h200-x8"]
 OVERRIDES = [
     ["--mode", "ar"],

@@ -40,7 +40,7 @@ def test_text_explains_what_why_memory_and_warnings(kimi):
     for heading in ("What will run", "Models", "Command", "Why these settings", "Memory", "Warnings", "Next"):
         assert f"\n{heading}" in text
     assert "NOT PINNED" in text and "--attention-backend triton: sm_120" in text
-    assert "python -m sglang.launch_server" in text and "158,644 tokens" in text
+    assert "python -m sglang.launch_server" in text and f"{kimi.memory.kv_tokens_fit:,} tokens" in text
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -78,7 +78,8 @@ def test_compose_file(kimi):
     doc = yaml.safe_load(render_plan(kimi, "compose"))
     (service,) = doc["services"].values()
     assert service["image"] == "lmsysorg/sglang:v0.5.23-cu130" and service["ipc"] == "host"
-    assert service["shm_size"] and service["ports"] == ["30000:30000"]
+    # no API key: published on the host's loopback only, like `up`
+    assert service["shm_size"] and service["ports"] == ["127.0.0.1:30000:30000"]
     assert service["volumes"][0].endswith(":/root/.cache/huggingface")
     assert service["environment"]["HF_TOKEN"].startswith("${HF_TOKEN:?")
     assert "/health" in service["healthcheck"]["test"][1]
@@ -110,6 +111,32 @@ def test_k8s_leader_worker_set_for_two_nodes():
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert leader["readinessProbe"]["httpGet"]["path"] == "/health" and "readinessProbe" not in worker
     assert service["spec"]["selector"]["role"] == "leader"
+    for pod in (template["leaderTemplate"], template["workerTemplate"]):
+        assert pod["spec"]["hostNetwork"] is True
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+        assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_IB_HCA"] == "mlx5"
+
+
+def test_k8s_carries_the_plans_warnings_as_comments():
+    plan = make_plan("kimi-k2.6", "b200-x8", "dflash", nnodes=2)
+    text = render_plan(plan, "k8s")
+    comments = [line for line in text.splitlines() if line.startswith("# warning: ")]
+    assert [line.removeprefix("# warning: ") for line in comments] == plan.warnings
+    assert any("fits on one b200-x8 node" in line for line in comments)
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_shell_opens_no_public_port_without_a_key(nnodes):
+    open_script = render_plan(make_plan("kimi-k2.6", "b200-x8", "dflash", nnodes=nnodes), "sh")
+    keyed = render_plan(make_plan("kimi-k2.6", "b200-x8", "dflash", nnodes=nnodes, api_key=True), "sh")
+    if nnodes == 1:
+        assert "-p 127.0.0.1:30000:30000" in open_script and "-p 30000:30000" in keyed
+    else:  # host network: the server's own address is what the world sees
+        assert "--host 127.0.0.1" in open_script and "--host 0.0.0.0" in keyed
+    assert '--api-key "$SPECDEPLOY_API_KEY"' in keyed and "--api-key" not in open_script
 
 
 def test_k8s_single_node_has_no_rank_flags(kimi):

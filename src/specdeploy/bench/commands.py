@@ -27,6 +27,7 @@ from specdeploy.bench.runner import BenchConfig, run
 from specdeploy.bench.selftest import run_selftest
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import MODES, parse_budget
+from specdeploy.recipes.thinking import THINKING_SETTINGS
 
 
 def parse_list(text: str | None, kind: type, option: str) -> list[Any]:
@@ -91,6 +92,9 @@ def bench(
         True, help="Apply the model's chat template (generate/completions: client side)."
     ),
     chat_template_kwargs: str | None = typer.Option(None, help="JSON, e.g. '{\"thinking\": false}'."),
+    thinking: str | None = typer.Option(
+        None, help="on | off: a thinking model's setting (required for one; sent in chat_template_kwargs)."
+    ),
     tokenizer: str | None = typer.Option(
         None, help="Tokenizer for the chat template (default: the server's model path)."
     ),
@@ -122,6 +126,8 @@ def bench(
         raise SpecdeployError(f"--route must be generate, chat or completions, got {route!r}")
     if resume and out is None:
         raise SpecdeployError("--resume needs --out: the run directory to continue")
+    if thinking not in (None, *THINKING_SETTINGS):
+        raise SpecdeployError(f"--thinking must be on or off, got {thinking!r}")
     config = BenchConfig(
         url=url,
         baseline_url=baseline_url,
@@ -150,6 +156,7 @@ def bench(
         random_output_len=random_output_len,
         random_vocab_size=random_vocab_size,
         price_per_gpu_hour=price_per_gpu_hour,
+        thinking=thinking,
     )
     out = out or Path("runs") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     console = Console(stderr=json_output)

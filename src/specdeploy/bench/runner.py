@@ -37,6 +37,7 @@ from specdeploy.bench.telemetry import CellSampler, cell_sampler
 from specdeploy.bench.workloads import Prompt, WorkloadOptions, load_prompts
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import MODES, Budget
+from specdeploy.recipes.thinking import Thinking, thinking_switch, with_thinking
 
 Progress = Callable[[str, int, int | None], None]  # (cell id, requests done, requests planned)
 
@@ -71,6 +72,7 @@ class BenchConfig(BaseModel):
     random_output_len: int = 256
     random_vocab_size: int = 32000
     price_per_gpu_hour: float | None = None  # USD; each cell's telemetry then states $ per million tokens
+    thinking: Thinking | None = None  # a thinking target's setting, sent through chat_template_kwargs
 
     def check(self) -> None:
         if self.baseline_url and self.baseline_run:
@@ -171,7 +173,10 @@ async def _run(
     if baseline_run is not None and not baseline_run.exists():
         raise SpecdeployError(f"--baseline-run {config.baseline_run} is not a run directory")
     async with AsyncExitStack() as stack:
-        servers = {"target": await _connect(stack, config, config.url, prompts)}
+        target = await _connect(stack, config, config.url, prompts)
+        if not run_dir.exists():  # a resumed run keeps the kwargs its manifest recorded
+            config = await _settle_thinking(config, target.client)
+        servers = {"target": target}
         if config.baseline_url:
             servers["baseline"] = await _connect(stack, config, config.baseline_url, prompts)
         if not run_dir.exists():
@@ -221,6 +226,15 @@ async def _connect(stack: AsyncExitStack, config: BenchConfig, url: str, prompts
             )
         template = load_template(path)
     return _Server(client, model, template)
+
+
+async def _settle_thinking(config: BenchConfig, client: BenchClient) -> BenchConfig:
+    """A thinking target must be told whether to think: refused without a setting, spelled with one."""
+    info = await client.get_json("/model_info") or {}
+    found = thinking_switch(info.get("model_path"))
+    how = '--thinking off or --thinking on (a campaign: thinking = ["off"], ["on"] or both)'
+    kwargs = with_thinking(found, config.thinking, config.chat_template_kwargs, how)
+    return config.model_copy(update={"chat_template_kwargs": kwargs})
 
 
 async def _served_tokenizer(client: BenchClient) -> str | None:

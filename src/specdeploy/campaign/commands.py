@@ -48,7 +48,7 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
                 else ""
             )
             branch.add(
-                f"{run.dataset}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
+                f"{run.label}: {' '.join(loads)} x {spec.repeats} repeat(s), {done}/{len(cells)} cells done "
                 f"-> {_below(run.path, out)}{baseline}"
             )
         branch.add("stop")

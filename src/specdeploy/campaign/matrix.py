@@ -24,8 +24,9 @@ from specdeploy.campaign.spec import CampaignSpec
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import make_plan
 from specdeploy.plan.launch_plan import LaunchPlan
-from specdeploy.recipes.loader import load_hardware
+from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
+from specdeploy.recipes.thinking import Thinking, recipe_thinking, with_thinking
 
 SERVERS_DIR = "servers"
 RUNS_DIR = "runs"
@@ -57,8 +58,13 @@ class BenchRun:
     config: BenchConfig  # its url is the plan's; the campaign swaps in the started server's
 
     @property
+    def label(self) -> str:
+        """The dataset, and the thinking setting it runs under when the target thinks."""
+        return self.dataset + thinking_suffix(self.config.thinking)
+
+    @property
     def name(self) -> str:
-        return f"{self.server.id}/{self.dataset}"
+        return f"{self.server.id}/{self.label}"
 
     def cells(self) -> list[CellKey]:
         return self.config.cells()
@@ -75,6 +81,7 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
 
     `lock`: the campaign's lock file, which pins every plan (and refuses a drifted one).
     """
+    _check_thinking(spec)
     configs = []
     for tp in spec.tp_sizes:
         for mode in ["ar", *(m for m in spec.modes if m != "ar")]:
@@ -112,37 +119,58 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
 
 
 def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[BenchRun]:
-    """The runs of one server configuration, one per dataset, in the campaign's dataset order."""
+    """The runs of one server configuration, one per dataset (and thinking setting), in the file's order."""
     runs = []
     for dataset in spec.datasets:
-        baseline = None if server.is_baseline else ar_run_path(out, server.plan.tp, dataset)
-        options = spec.bench.model_dump()
-        if options["price_per_gpu_hour"] is None:  # [bench] overrides the profile's price
-            options["price_per_gpu_hour"] = load_hardware(spec.hardware).price_per_gpu_hour
-        config = BenchConfig(
-            url=server.plan.base_url,
-            baseline_run=None if baseline is None else str(baseline),
-            dataset=dataset,
-            data_dir=spec.data_dir,
-            num_prompts=spec.num_prompts,
-            concurrency=list(spec.concurrency),
-            request_rates=list(spec.request_rates),
-            repeats=spec.repeats,
-            max_new_tokens=spec.max_new_tokens,
-            mode=server.plan.mode,
-            budget=server.plan.budget,
-            **options,
-        )
-        runs.append(BenchRun(server, dataset, out / RUNS_DIR / server.id / dataset, config))
+        for thinking in spec.thinking or [None]:
+            baseline = None if server.is_baseline else ar_run_path(out, server.plan.tp, dataset, thinking)
+            options = spec.bench.model_dump()
+            if options["price_per_gpu_hour"] is None:  # [bench] overrides the profile's price
+                options["price_per_gpu_hour"] = load_hardware(spec.hardware).price_per_gpu_hour
+            config = BenchConfig(
+                url=server.plan.base_url,
+                baseline_run=None if baseline is None else str(baseline),
+                dataset=dataset,
+                data_dir=spec.data_dir,
+                num_prompts=spec.num_prompts,
+                concurrency=list(spec.concurrency),
+                request_rates=list(spec.request_rates),
+                repeats=spec.repeats,
+                max_new_tokens=spec.max_new_tokens,
+                mode=server.plan.mode,
+                budget=server.plan.budget,
+                thinking=thinking,
+                **options,
+            )
+            path = out / RUNS_DIR / server.id / (dataset + thinking_suffix(thinking))
+            runs.append(BenchRun(server, dataset, path, config))
     return runs
+
+
+def thinking_suffix(thinking: Thinking | None) -> str:
+    return "" if thinking is None else f"-thinking-{thinking}"
+
+
+def _check_thinking(spec: CampaignSpec) -> None:
+    """A thinking recipe runs with its settings named; a recipe that does not think takes none."""
+    switch = recipe_thinking(load_recipe(spec.recipe))
+    where = f"campaign {spec.name}"
+    if switch is None and spec.thinking:
+        raise SpecdeployError(f"{where}: recipe {spec.recipe} declares no thinking switch: remove `thinking`")
+    if not spec.thinking:
+        how = 'thinking = ["off"], ["on"] or ["off", "on"] (both, each run labelled) in the campaign file'
+        try:
+            with_thinking(switch, None, spec.bench.chat_template_kwargs, how)
+        except SpecdeployError as exc:
+            raise SpecdeployError(f"{where}: {exc}") from exc
 
 
 def ar_server_id(tp: int) -> str:
     return f"tp{tp}-ar"
 
 
-def ar_run_path(out: Path, tp: int, dataset: str) -> Path:
-    return out / RUNS_DIR / ar_server_id(tp) / dataset
+def ar_run_path(out: Path, tp: int, dataset: str, thinking: Thinking | None = None) -> Path:
+    return out / RUNS_DIR / ar_server_id(tp) / (dataset + thinking_suffix(thinking))
 
 
 def server_dir(out: Path, server: CampaignServer, start: int) -> Path:

@@ -251,7 +251,7 @@ class CampaignRun:
             deployment = self.start(server, state)
             for run in runs:
                 if run.missing_cells():
-                    self.log(f"{where}: {run.dataset} -> {run.path}")
+                    self.log(f"{where}: {run.label} -> {run.path}")
                     deployment = self.measure(server, state, run, deployment)
                     state.complete_runs.append(run.name)
                     self.save()

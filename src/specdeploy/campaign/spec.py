@@ -15,6 +15,7 @@ Example (the keys this reads; see examples/ for complete files)::
     repeats = 1
     num_prompts = 80
     max_new_tokens = 512
+    thinking = ["off", "on"]          # a thinking recipe's settings, each measured and labelled
 
     [bench]                           # options for every run (BenchConfig's names)
     temperature = 0.0
@@ -38,6 +39,7 @@ from specdeploy.deploy.deployment import DEFAULT_HEALTH_TIMEOUT_S
 from specdeploy.deploy.launchers import LauncherName
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import Budget, Mode
+from specdeploy.recipes.thinking import Thinking
 
 
 class _Strict(BaseModel):
@@ -86,9 +88,11 @@ class CampaignSpec(_Strict):
     health_timeout_s: float = Field(DEFAULT_HEALTH_TIMEOUT_S, gt=0)
     smoke: bool = True
     api_key: bool = False  # servers require $SPECDEPLOY_API_KEY; bench, smoke and health send it
+    # A thinking recipe's settings to measure, each dataset once per setting (required for a thinking recipe)
+    thinking: list[Thinking] = Field(default_factory=list)
     bench: BenchOptions = Field(default_factory=BenchOptions)
 
-    @field_validator("modes", "ddtree_budgets", "tp", "concurrency", "request_rates", "datasets")
+    @field_validator("modes", "ddtree_budgets", "tp", "concurrency", "request_rates", "datasets", "thinking")
     @classmethod
     def _no_repeats(cls, values: list[Any]) -> list[Any]:
         if len(set(values)) != len(values):

@@ -12,12 +12,17 @@ import typer
 
 from specdeploy.deploy import hardware as detection
 from specdeploy.deploy.plan_options import PlanOverrides, plan_with, with_plan_options
+from specdeploy.plan.engines import SGLANG_VERSION
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.plan.render.text import WIDTH
-from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware
+from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware, load_recipe
 from specdeploy.recipes.schema import HardwareProfile
 
 AUTO = "auto"
+CHECK_HELP = (
+    "Also run SGLang 0.5.23's own start-up resolution and validation on the plan's argv, on this CPU, with the "
+    "profile's GPUs and the recipe's model configs; print its verdict on stderr, exit 1 when it refuses."
+)
 
 
 def resolve_hardware(name_or_path: str) -> HardwareProfile:
@@ -35,14 +40,25 @@ def plan(
     ],
     overrides: PlanOverrides,
     fmt: Annotated[str, typer.Option("--format", help=f"Output format: {' | '.join(RENDERERS)}.")] = "text",
+    check: Annotated[bool, typer.Option("--check", help=CHECK_HELP)] = False,
 ) -> None:
     """Show what would run on this hardware and why: argv, env, image, memory, warnings. Launches nothing.
 
     Uses the recipe's lock file when there is one (`specdeploy lock`) and refuses one that drifted."""
-    launch_plan = plan_with(recipe, resolve_hardware(hardware), overrides)
+    profile = resolve_hardware(hardware)
+    launch_plan = plan_with(recipe, profile, overrides)
     # COLUMNS or the terminal's width, at most the renderer's own; 100 where output goes to a pipe or file.
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
     typer.echo(render_plan(launch_plan, fmt, width), nl=False)
+    if check:
+        from specdeploy.deploy.sglang_check import check_plan  # starts a child process: only when asked
+
+        verdict = check_plan(launch_plan, load_recipe(recipe), profile)
+        said = "accepted" if verdict.accepted else "refused"
+        scope = " (without the DDTree PR's own flags, as DFLASH)" if launch_plan.mode == "ddtree" else ""
+        typer.echo(f"SGLang {SGLANG_VERSION} start-up validation{scope} {said}: {verdict.message}", err=True)
+        if not verdict.accepted:
+            raise typer.Exit(1)
 
 
 def recipes() -> None:

@@ -70,6 +70,8 @@ class GpuRequirement(_Frozen):
     compute_capability: str | None  # e.g. "12.0"; None for the CPU profile
     interconnect: Interconnect
     nnodes: int = 1
+    # The Kubernetes RDMA resource each pod of a multi-node plan requests; None for one node or sockets only
+    rdma_resource: str | None = None
 
 
 class MemoryTable(_Frozen):

@@ -30,6 +30,19 @@ DEFAULT_PORT = 30000
 DEFAULT_HOST = "127.0.0.1"  # launchers for containers and clusters bind 0.0.0.0 themselves
 # The paper's best DDTree budgets were 256-512 on dense 8B models; MoE targets activate more experts per node.
 LARGE_MOE_BUDGET = 64
+# Batches above this gain little decode throughput per GPU and multiply the verify tokens of speculative modes;
+# SGLang's own decode CUDA-graph limit on the largest GPUs is 512 (memory_hook.py, handle_gpu_memory_settings).
+MAX_DERIVED_RUNNING = 256
+# Below this many working-context requests in bf16, the KV pool is what limits the server: store it in fp8.
+FP8_KV_BELOW_REQUESTS = 32
+FP8_KV_DTYPE = "fp8_e4m3"
+# Target attention backends whose SGLang 0.5.23 kernels take an fp8 KV cache, and where that is written.
+FP8_KV_BACKENDS = {
+    # the MLA decode kernel casts q to the KV buffer's dtype and folds k_scale into the softmax scale
+    "triton": "sglang/kernels/ops/attention/decode_attention.py:661 and :1255",
+    # the only KV dtypes it accepts are fp8_e4m3, bf16 and auto
+    "trtllm_mla": "sglang/srt/arg_groups/overrides.py:1214",
+}
 
 
 def make_plan(
@@ -72,36 +85,61 @@ def make_plan(
     full_tree = fixed is not None and mode == "ddtree" and ddtree_facts().is_full_tree(fixed, block)
     reference = recipe.engine == "reference"
     total_gpus = max(1, hardware.gpu_count) * nnodes
-    # Only the SGLang build allocates triton's tree-verify graph buffers (every rank holds them whole).
-    tree_buffers = (
-        ddtree_facts().tree_buffer_bytes(fixed, running, context) if full_tree and not reference else 0
-    )
 
-    def workload(tp_size: int) -> Workload:
+    def workload(tp_size: int, requests: int | None = None) -> Workload:
+        n = running if requests is None else requests
         return Workload(
             tp=tp_size,
             context_length=context,
-            max_running_requests=running,
-            cuda_graph_max_bs=None if reference else running,
+            max_running_requests=n,
+            cuda_graph_max_bs=None if reference else n,
             speculative=mode != "ar",
-            tree_buffers=tree_buffers,
+            # Only the SGLang build allocates triton's tree-verify graph buffers (every rank holds them whole).
+            tree_buffers=ddtree_facts().tree_buffer_bytes(fixed, n, context)
+            if full_tree and not reference
+            else 0,
             dtype_factor=REFERENCE_DTYPE_FACTOR if reference and hardware.device == "cpu" else 1,
+            kv_fp8=kv_fp8,
         )
 
+    kv_fp8 = False
     tp_size, memory, tp_reason = _choose_tp(recipe, hardware, drafter, total_gpus, tp, workload)
+    running_why, kv_reason = None, None
+    attention = None if reference else choose_attention(recipe, hardware, mode, full_tree, attention_backend)
+    if max_running_requests is None and not reference and recipe.working_context_length is not None:
+        running, memory, running_why = _running_from_memory(
+            recipe, hardware, drafter, tp_size, context, workload
+        )
+        if running < FP8_KV_BELOW_REQUESTS and attention.target in FP8_KV_BACKENDS:
+            bf16_running = running
+            kv_fp8 = True
+            running, memory, running_why = _running_from_memory(
+                recipe, hardware, drafter, tp_size, context, workload
+            )
+            kv_reason = Reason(
+                choice=f"--kv-cache-dtype {FP8_KV_DTYPE}",
+                why=f"the KV pool binds here: in bf16 it holds {bf16_running} requests of the working context, "
+                f"in fp8 {running}; SGLang 0.5.23's {attention.target} kernels read an fp8 KV cache "
+                f"({FP8_KV_BACKENDS[attention.target]}); fp8 KV can cost some acceptance: the smoke test reports tau",
+            )
+    one_node = _one_node_fits(recipe, hardware, drafter, nnodes, tp_size, workload)
     warnings = _warnings(recipe, hardware, mode, fixed, full_tree, drafter, tp_size, total_gpus, nnodes)
+    warnings += [one_node] if one_node else []
     warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
     if reference:
         argv = _reference_argv(recipe, hardware, mode, budget, drafter, port, running, context)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
     else:
-        attention = choose_attention(recipe, hardware, mode, full_tree, attention_backend)
-        serving = sglang_args.Serving(tp_size, nnodes, context, running, DEFAULT_HOST, port)
+        serving = sglang_args.Serving(
+            tp_size, nnodes, context, running, DEFAULT_HOST, port, running_why, context_length is None
+        )
         args = sglang_args.server_args(recipe, mode, budget, drafter, attention, serving, memory)
-        argv = [*SGLANG_LAUNCH, *args.argv]
-        env = sglang_args.environment(hardware, tp_size)
-        reasons = [tp_reason, *attention.reasons, *args.reasons, *sglang_args.environment_reasons(env)]
+        kv_argv = ["--kv-cache-dtype", FP8_KV_DTYPE] if kv_fp8 else []
+        argv = [*SGLANG_LAUNCH, *args.argv, *kv_argv]
+        env = sglang_args.environment(hardware, tp_size, nnodes)
+        reasons = [tp_reason, *attention.reasons, *args.reasons, *([kv_reason] if kv_reason else [])]
+        reasons += sglang_args.environment_reasons(env)
         engine = sglang_ddtree_build(lock) if mode == "ddtree" else sglang_release(lock)
     return LaunchPlan(
         recipe=recipe.name,
@@ -123,6 +161,7 @@ def make_plan(
             compute_capability=hardware.compute_capability,
             interconnect=hardware.interconnect,
             nnodes=nnodes,
+            rdma_resource=hardware.fabric.rdma_resource if nnodes > 1 and hardware.fabric else None,
         ),
         memory=memory,
         warnings=warnings,
@@ -156,6 +195,11 @@ def _check_request(
         raise SpecdeployError(f"--nnodes must be at least 1, got {nnodes}")
     if nnodes > 1 and recipe.engine == "reference":
         raise SpecdeployError("the reference engine runs in one process: --nnodes > 1 needs an SGLang recipe")
+    if nnodes > 1 and hardware.fabric is None:
+        raise SpecdeployError(
+            f"{hardware.name} names no [fabric] (node-to-node interface and RDMA adapters): add one to the "
+            "profile before serving across nodes, or use --nnodes 1"
+        )
     for drafter in (recipe.dflash, recipe.eagle3):
         if drafter is not None and drafter.trained_for != recipe.target.path:
             raise SpecdeployError(
@@ -201,7 +245,7 @@ def _choose_tp(
     drafter: ModelFacts | None,
     total_gpus: int,
     tp: int | None,
-    workload: Callable[[int], Workload],
+    workload: Callable[..., Workload],
 ) -> tuple[int, MemoryTable, Reason]:
     if recipe.engine == "reference":
         if tp not in (None, 1):
@@ -227,6 +271,57 @@ def _choose_tp(
         "leave free becomes KV cache; pass --tp for fewer"
     )
     return total_gpus, memory, Reason(choice=f"--tp-size {total_gpus}", why=why)
+
+
+def _running_from_memory(
+    recipe: Recipe,
+    hardware: HardwareProfile,
+    drafter: ModelFacts | None,
+    tp: int,
+    context: int,
+    workload: Callable[..., Workload],
+) -> tuple[int, MemoryTable, str]:
+    """The most requests of the recipe's working context the KV pool holds at once, capped, with its memory
+    table and the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
+    working = min(recipe.working_context_length or context, context)
+    # The most the pool could hold: with the CUDA graphs of a single request
+    largest = budget_memory(recipe.target, drafter, hardware, workload(tp, 1), recipe.name)
+    requests = max(1, min(MAX_DERIVED_RUNNING, largest.kv_tokens_fit // working))
+    while True:
+        memory = budget_memory(recipe.target, drafter, hardware, workload(tp, requests), recipe.name)
+        held = memory.kv_tokens_fit // working
+        if held >= requests or requests == 1:
+            break
+        requests = max(1, held)
+    cap = f" (capped at {MAX_DERIVED_RUNNING})" if requests == MAX_DERIVED_RUNNING else ""
+    why = (
+        f"the KV pool holds {memory.kv_tokens_fit:,} tokens per GPU: {requests} requests{cap} at the recipe's "
+        f"working context of {working} tokens (prompt + output) beside their CUDA graphs; "
+        f"{memory.full_length_requests} at the full --context-length {context}"
+    )
+    return requests, memory, why
+
+
+def _one_node_fits(
+    recipe: Recipe,
+    hardware: HardwareProfile,
+    drafter: ModelFacts | None,
+    nnodes: int,
+    tp: int,
+    workload: Callable[..., Workload],
+) -> str | None:
+    """A warning when a multi-node plan shards across nodes what one node's GPUs hold."""
+    if nnodes == 1 or tp <= hardware.gpu_count:
+        return None
+    try:
+        budget_memory(recipe.target, drafter, hardware, workload(hardware.gpu_count), recipe.name)
+    except SpecdeployError:
+        return None
+    return (
+        f"{recipe.name} fits on one {hardware.name} node at TP{hardware.gpu_count}: TP{tp} over {nnodes} nodes "
+        "sends every all-reduce of every layer across the network and is slower per request; serve "
+        f"{nnodes} replicas of the one-node plan (--nnodes 1) behind a load balancer instead"
+    )
 
 
 def _model_refs(recipe: Recipe, drafter: ModelFacts | None, lock: LockFile | None) -> list[ModelRef]:
@@ -309,7 +404,9 @@ def _warnings(
     if nnodes > 1:
         warnings.append(
             f"tensor parallelism spans {nnodes} nodes: every all-reduce crosses the network; "
-            "render with --format k8s (or sh with NODE_RANK and DIST_INIT_ADDR set on each node)"
+            "render with --format k8s (or sh with NODE_RANK and DIST_INIT_ADDR set on each node); the "
+            f"profile's fabric names (interface {hardware.fabric.socket_ifname}, RDMA adapters "
+            f"{hardware.fabric.ib_hca or 'none'}) are the usual ones: check `ip link` and `ibv_devices` on the nodes"
         )
     unverified = [
         f"{m.path}: {', '.join(m.unverified)}" for m in (recipe.target, drafter) if m and m.unverified
@@ -318,6 +415,7 @@ def _warnings(
     if unverified:
         warnings.append("the memory table rests on unverified facts: " + "; ".join(unverified))
     warnings += recipe.known_issues
+    warnings += drafter.notes if drafter is not None else []  # the drafter that runs, not the recipe's others
     return warnings
 
 

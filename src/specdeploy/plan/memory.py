@@ -41,6 +41,7 @@ class Workload:
     speculative: bool
     tree_buffers: int = 0  # triton's tree-verify graph buffers per GPU (full-tree DDTree)
     dtype_factor: int = 1  # bytes held per checkpoint byte: REFERENCE_DTYPE_FACTOR for fp32 on a CPU
+    kv_fp8: bool = False  # the target's KV pool in fp8_e4m3: one byte per value instead of bf16's two
 
 
 def weights_per_gpu(model: ModelFacts, tp: int) -> int:
@@ -94,9 +95,8 @@ def budget_memory(
         math.ceil(target.recurrent_state_bytes_per_request / work.tp) * work.max_running_requests * factor
     )
     kv_budget = usable - weights - draft_weights - recurrent
-    per_token = (
-        kv_bytes_per_gpu(target, work.tp) + (kv_bytes_per_gpu(drafter, work.tp) if drafter else 0)
-    ) * factor
+    target_kv = kv_bytes_per_gpu(target, work.tp) // (2 if work.kv_fp8 else 1)
+    per_token = (target_kv + (kv_bytes_per_gpu(drafter, work.tp) if drafter else 0)) * factor
     tokens = max(0, kv_budget) // per_token
     if tokens < work.context_length:
         raise SpecdeployError(

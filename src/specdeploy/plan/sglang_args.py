@@ -32,6 +32,8 @@ class Serving:
     max_running_requests: int
     host: str
     port: int
+    running_why: str | None = None  # how the KV pool sized max_running_requests; None: given or the recipe's
+    context_from_recipe: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,23 @@ def server_args(
             f"and {gib(memory.activation_reserve)} for the runtime and prefill activations (estimates)",
         ),
         Reason(
+            choice=f"--context-length {context}",
+            why=(
+                f"the recipe's longest request; {target.path} supports {target.context_length}, and every "
+                "token of context a request may reach is KV room another request cannot use"
+            )
+            if serving.context_from_recipe
+            else "chosen with --context-length",
+        ),
+        Reason(
             choice=f"--max-running-requests {running}",
-            why="set explicitly: under any speculative algorithm SGLang silently resets it to 48 otherwise"
-            if mode != "ar"
-            else "set explicitly so that the baseline runs at the same concurrency cap as speculative modes",
+            why=(serving.running_why or ("chosen with --max-running-requests or the recipe's default"))
+            + (
+                "; set explicitly: under any speculative algorithm SGLang resets it to 48 otherwise "
+                "(speculative_hook.py, _handle_dflash)"
+                if mode != "ar"
+                else "; set explicitly so that the baseline runs at the same concurrency cap as speculative modes"
+            ),
         ),
         Reason(
             choice=f"--cuda-graph-max-bs-decode {running}",
@@ -121,7 +136,14 @@ def _dflash_args(
     reasons = [
         Reason(
             choice=f"--speculative-num-draft-tokens {drafter.block_size}",
-            why="equals the drafter's trained block size (SGLang requires it for DFLASH)",
+            why="the drafter's trained block size"
+            + (
+                ": DDTree builds its tree from one block of this many draft positions"
+                if mode == "ddtree"
+                # sglang/srt/arg_groups/speculative_hook.py:389-425 (_handle_dflash)
+                else ": set explicitly, since SGLang otherwise reads it from the drafter's config and falls "
+                "back to 16 when that read fails"
+            ),
         )
     ]
     if mode == "ddtree":
@@ -168,20 +190,43 @@ def _eagle3_args(drafter: Eagle3DrafterFacts) -> tuple[list[str], list[Reason]]:
     return argv, [Reason(choice=choice, why=why)]
 
 
-def environment(hardware: HardwareProfile, tp: int) -> dict[str, str]:
+def environment(hardware: HardwareProfile, tp: int, nnodes: int = 1) -> dict[str, str]:
     env: dict[str, str] = {}
     if hardware.interconnect == "pcie" and tp >= PCIE_IPC_MIN_TP:
         env[PCIE_IPC_ALLREDUCE] = "1"
+    if nnodes > 1 and hardware.fabric is not None:
+        # NCCL and torch's gloo bootstrap otherwise pick the first interface, often a container bridge.
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = hardware.fabric.socket_ifname
+        if hardware.fabric.ib_hca is not None:
+            env["NCCL_IB_HCA"] = hardware.fabric.ib_hca
     return env
 
 
 def environment_reasons(env: dict[str, str]) -> list[Reason]:
-    if PCIE_IPC_ALLREDUCE not in env:
-        return []
-    return [
-        Reason(
-            choice=f"{PCIE_IPC_ALLREDUCE}=1",
-            why="PCIe-only GPUs with TP > 2: SGLang turns its custom all-reduce off and falls back to NCCL; "
-            "0.5.23's opt-in FlashInfer PCIe-IPC all-reduce (bf16 decode) measured TPOT 21.1 -> 13.6 ms at TP8",
+    reasons = []
+    if PCIE_IPC_ALLREDUCE in env:
+        reasons.append(
+            Reason(
+                choice=f"{PCIE_IPC_ALLREDUCE}=1",
+                why="PCIe-only GPUs with TP > 2: SGLang turns its custom all-reduce off and falls back to NCCL; "
+                "0.5.23's opt-in FlashInfer PCIe-IPC all-reduce (bf16 decode) measured TPOT 21.1 -> 13.6 ms at "
+                "TP8",
+            )
         )
-    ]
+    if "NCCL_SOCKET_IFNAME" in env:
+        reasons.append(
+            Reason(
+                choice=f"NCCL_SOCKET_IFNAME=GLOO_SOCKET_IFNAME={env['NCCL_SOCKET_IFNAME']}",
+                why="the node-to-node interface of the hardware profile's fabric: NCCL and gloo otherwise pick "
+                "the first interface, often a container bridge the other node cannot reach",
+            )
+        )
+    if "NCCL_IB_HCA" in env:
+        reasons.append(
+            Reason(
+                choice=f"NCCL_IB_HCA={env['NCCL_IB_HCA']}",
+                why="the RDMA adapters of the profile's fabric: cross-node all-reduce over InfiniBand/RoCE, "
+                "not TCP sockets",
+            )
+        )
+    return reasons

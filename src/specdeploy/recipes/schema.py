@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -36,6 +36,10 @@ class ModelFacts(_Data):
     kv_bytes_per_token: int = Field(ge=0)  # whole model, bf16, all layers
     quantization: str
     unverified: list[str] = Field(default_factory=list)  # facts nobody here has confirmed
+    # What a deployer must know about this checkpoint; plans that load it repeat them as warnings.
+    notes: list[str] = Field(default_factory=list)
+    # The checkpoint's config.json, as far as SGLang's start-up resolution reads it (`plan --check`)
+    hf_config: dict[str, Any] | None = None
 
     @property
     def is_zoo(self) -> bool:
@@ -73,6 +77,13 @@ class Eagle3DrafterFacts(ModelFacts):
     num_draft_tokens: int = Field(ge=2)
 
 
+class ThinkingSwitch(_Data):
+    """A target that thinks before it answers, and the chat-template argument that turns it off."""
+
+    kwarg: str  # the chat_template_kwargs key: `thinking` (Kimi K2.x), `enable_thinking` (Qwen3)
+    default: bool = True  # what the chat template does when the key is absent
+
+
 class Recipe(_Data):
     """A model pair: the target, its DFlash drafter, optionally an EAGLE3 drafter, and serving defaults."""
 
@@ -87,7 +98,12 @@ class Recipe(_Data):
     tool_call_parser: str | None = None
     default_context_length: int = Field(gt=0)
     default_max_running_requests: int = Field(gt=0)
+    # Tokens a typical request of this pair holds (prompt + output, thinking included): SGLang plans size
+    # --max-running-requests from the KV pool at this length; None: default_max_running_requests as it is.
+    working_context_length: int | None = Field(default=None, gt=0)
     known_issues: list[str] = Field(default_factory=list)  # repeated as warnings in every plan
+    # Set for thinking models: bench and campaign then refuse to run without a thinking setting.
+    thinking: ThinkingSwitch | None = None
 
     @model_validator(mode="after")
     def _defaults_fit_the_model(self) -> Recipe:
@@ -97,6 +113,17 @@ class Recipe(_Data):
                 f"context_length {self.target.context_length}"
             )
         return self
+
+
+class Fabric(_Data):
+    """How nodes of this machine reach each other for multi-node serving (NCCL over RDMA or sockets)."""
+
+    # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: the interface of the node-to-node network (bootstrap, sockets)
+    socket_ifname: str
+    # NCCL_IB_HCA: the RDMA adapters NCCL may use; None: sockets only (no InfiniBand / RoCE)
+    ib_hca: str | None = None
+    # The Kubernetes extended resource the RDMA device plugin exposes, requested once per pod
+    rdma_resource: str | None = None
 
 
 class HardwareProfile(_Data):
@@ -118,6 +145,7 @@ class HardwareProfile(_Data):
     interconnect_gb_s: float | None = Field(default=None, gt=0)  # GPU-to-GPU, per GPU and direction
     allreduce_latency_us: float | None = Field(default=None, ge=0)  # one small all-reduce at gpu_count ranks
     price_per_gpu_hour: float | None = Field(default=None, ge=0)  # USD, for $ per million tokens
+    fabric: Fabric | None = None  # None: the profile serves from one node only
     unverified: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

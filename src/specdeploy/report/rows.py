@@ -76,6 +76,12 @@ def _mode(key: CellKey) -> str:
     return key.mode or "-"
 
 
+def _thinking_label(run: LoadedRun) -> str:
+    """A thinking target's setting, next to the dataset it was measured on (older runs recorded none)."""
+    thinking = run.manifest.options.get("thinking")
+    return "" if thinking is None else f" (thinking {thinking})"
+
+
 def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
     key = cells[0].key
     ids = {cell.key.id for cell in cells}
@@ -94,7 +100,7 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
     chosen = [b for r in run.records if r.cell in ids and r.ddtree_budgets for b in r.ddtree_budgets]
     return ReportRow(
         series=series,
-        dataset=key.dataset,
+        dataset=key.dataset + _thinking_label(run),
         mode=_mode(key),
         budget=key.budget,
         concurrency=key.concurrency if key.request_rate is None else None,

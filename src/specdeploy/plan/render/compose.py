@@ -12,6 +12,7 @@ from specdeploy.plan.render.container import (
     SHM_SIZE,
     container_shell_command,
     gated_models,
+    published_port,
     resource_name,
     startup_seconds,
 )
@@ -38,7 +39,7 @@ def render_compose(plan: LaunchPlan) -> str:
         "command": ["bash", "-c", container_shell_command(plan).replace("$", "$$")],
         "ipc": "host",
         "shm_size": SHM_SIZE,
-        "ports": [f"{plan.port}:{plan.port}"],
+        "ports": [published_port(plan)],
         "volumes": [f"${{HF_HOME:-~/.cache/huggingface}}:{HF_CACHE_IN_CONTAINER}"],
         "environment": {**environment, **plan.env},
         "healthcheck": {

@@ -25,14 +25,21 @@ def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*argv, flag, value]
 
 
-def container_argv(plan: LaunchPlan) -> list[str]:
+def container_argv(plan: LaunchPlan, host: str = ALL_INTERFACES) -> list[str]:
     """The server argv as a container runs it: listening on all interfaces so the port mapping reaches it."""
     if plan.engine.image is None:
         raise SpecdeployError(
             f"the {plan.engine.name} engine runs without a container: render with --format sh "
             "(or use `specdeploy up --launcher reference`)"
         )
-    return with_flag(plan.argv, "--host", ALL_INTERFACES)
+    return with_flag(plan.argv, "--host", host)
+
+
+def published_port(plan: LaunchPlan) -> str:
+    """The host side of the port mapping: every interface only when the server demands a key, else loopback
+    (what `up` binds), so a rendered script never opens an unauthenticated server to the network."""
+    host = "" if plan.api_key_env is not None else f"{plan.host}:"
+    return f"{host}{plan.port}:{plan.port}"
 
 
 def api_key_args(plan: LaunchPlan) -> str:
@@ -42,9 +49,9 @@ def api_key_args(plan: LaunchPlan) -> str:
     return f' --api-key "${plan.api_key_env}"'
 
 
-def container_shell_command(plan: LaunchPlan, extra_args: str = "") -> str:
+def container_shell_command(plan: LaunchPlan, extra_args: str = "", host: str = ALL_INTERFACES) -> str:
     """One shell line that execs the server (the image holds the build: nothing is installed at start)."""
-    return "exec " + shlex.join(container_argv(plan)) + extra_args + api_key_args(plan)
+    return "exec " + shlex.join(container_argv(plan, host)) + extra_args + api_key_args(plan)
 
 
 def gated_models(plan: LaunchPlan) -> list[str]:

@@ -32,17 +32,23 @@ def _container(plan: LaunchPlan, leader: bool) -> dict:
     if plan.api_key_env is not None:
         key_ref = {"name": API_KEY_SECRET, "key": "key"}
         env.append({"name": plan.api_key_env, "valueFrom": {"secretKeyRef": key_ref}})
+    limits: dict = {"nvidia.com/gpu": plan.gpus.count}
+    if plan.gpus.rdma_resource is not None:
+        limits[plan.gpus.rdma_resource] = 1
     container = {
         "name": "sglang",
         "image": plan.engine.image,
         "command": ["bash", "-c", container_shell_command(plan, extra)],
         "env": env,
-        "resources": {"limits": {"nvidia.com/gpu": plan.gpus.count}},
+        "resources": {"limits": limits},
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "hf-cache", "mountPath": HF_CACHE_IN_CONTAINER},
         ],
     }
+    if plan.gpus.nnodes > 1:
+        # RDMA registers (pins) host memory: the container needs IPC_LOCK for NCCL's InfiniBand transport.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if leader:
         container["ports"] = [{"containerPort": plan.port, "name": "http"}]
         container["readinessProbe"] = {
@@ -55,16 +61,19 @@ def _container(plan: LaunchPlan, leader: bool) -> dict:
 
 
 def _pod(plan: LaunchPlan, leader: bool) -> dict:
-    return {
-        "metadata": {"labels": {"role": "leader" if leader else "worker"}},
-        "spec": {
-            "containers": [_container(plan, leader)],
-            "volumes": [
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}},
-                {"name": "hf-cache", "persistentVolumeClaim": {"claimName": HF_CACHE_CLAIM}},
-            ],
-        },
+    spec: dict = {}
+    if plan.gpus.nnodes > 1:
+        # NCCL reaches the other node through the host's interfaces named in env (NCCL_SOCKET_IFNAME), not
+        # through the pod network's overlay.
+        spec |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    spec |= {
+        "containers": [_container(plan, leader)],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}},
+            {"name": "hf-cache", "persistentVolumeClaim": {"claimName": HF_CACHE_CLAIM}},
+        ],
     }
+    return {"metadata": {"labels": {"role": "leader" if leader else "worker"}}, "spec": spec}
 
 
 def render_k8s(plan: LaunchPlan) -> str:
@@ -98,6 +107,12 @@ def render_k8s(plan: LaunchPlan) -> str:
         f"# Needs the LeaderWorkerSet controller, {needs} and a PersistentVolumeClaim `{HF_CACHE_CLAIM}` for "
         "the weights.\n"
     )
+    if plan.gpus.rdma_resource is not None:
+        header += (
+            f"# Pods use the host network and request `{plan.gpus.rdma_resource}` from the RDMA device plugin "
+            "(NVIDIA network operator); the NCCL variables below name the profile's fabric.\n"
+        )
+    header += "".join(f"# warning: {warning}\n" for warning in plan.warnings)
     if plan.engine.build is not None:
         header += (
             f"# {plan.engine.image} is built here, not pulled: `specdeploy image build`, then tag and push it to "

@@ -8,11 +8,13 @@ from specdeploy import __version__
 from specdeploy.plan.image import dockerfile
 from specdeploy.plan.launch_plan import LaunchPlan
 from specdeploy.plan.render.container import (
+    ALL_INTERFACES,
     DIST_INIT_PORT,
     HF_CACHE_IN_CONTAINER,
     SHM_SIZE,
     container_shell_command,
     gated_models,
+    published_port,
 )
 
 # Expanded by the container's shell from the variables passed with `-e`.
@@ -45,7 +47,7 @@ def render_shell(plan: LaunchPlan) -> str:
         return "\n".join([*lines, "exec " + shlex.join(plan.argv)]) + "\n"
     docker = ["docker run --rm --gpus all --ipc=host", f"--shm-size={SHM_SIZE}"]
     # Multi-node NCCL and the distributed init need the host's interfaces, not a bridge network.
-    docker.append("--network=host" if plan.gpus.nnodes > 1 else f"-p {plan.port}:{plan.port}")
+    docker.append("--network=host" if plan.gpus.nnodes > 1 else f"-p {published_port(plan)}")
     docker.append('-v "${HF_HOME:-$HOME/.cache/huggingface}:' + HF_CACHE_IN_CONTAINER + '"')
     if plan.engine.build is not None:
         # Built once per host: later runs find the content-addressed tag and skip the build.
@@ -61,6 +63,9 @@ def render_shell(plan: LaunchPlan) -> str:
     ]
     docker.append(" ".join(f"-e {name}" for name in passed))
     extra = MULTI_NODE_ARGS if plan.gpus.nnodes > 1 else ""
-    docker += [str(plan.engine.image), "bash -c " + shlex.quote(container_shell_command(plan, extra))]
+    # On the host network the server's own address is what the world sees: loopback unless a key guards it.
+    host = plan.host if plan.gpus.nnodes > 1 and plan.api_key_env is None else ALL_INTERFACES
+    command = container_shell_command(plan, extra, host)
+    docker += [str(plan.engine.image), "bash -c " + shlex.quote(command)]
     lines.append("exec " + " \\\n  ".join(docker))
     return "\n".join(lines) + "\n"

@@ -1,0 +1,115 @@
+"""`plan --check`: SGLang 0.5.23's own start-up resolution (`ServerArgs.resolve_once`) judges every plan.
+
+Its parser alone accepts plans that its start-up refuses; the refusals below are SGLang's own messages
+(sglang/srt/arg_groups/speculative_hook.py, `_handle_dflash`), not the planner's. One child process checks the
+whole matrix: importing SGLang takes seconds, so these tests are slow and run where setup.sh installed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdeploy.cli import app
+from specdeploy.deploy.sglang_check import check_request, release_argv, run_checks
+from specdeploy.errors import SpecdeployError
+from specdeploy.plan import MODES, make_plan
+from specdeploy.recipes import list_hardware, list_recipes, load_hardware, load_recipe
+
+# SGLang's resolution imports in a child process, several seconds; where setup.sh installed it
+needs_sglang = [pytest.mark.sglang_parser, pytest.mark.slow]
+
+# (flags added to a plan SGLang's parser accepts, SGLang's message when its start-up refuses them)
+REFUSED = {
+    "pipeline-parallel": (["--pp-size", "2"], "DFLASH speculative decoding only supports pp_size == 1"),
+    "dp-attention": (
+        ["--enable-dp-attention", "--dp-size", "8"],
+        "DFLASH with dp attention requires --enable-dp-lm-head",
+    ),
+    "window-below-block": (
+        ["--speculative-draft-window-size", "4"],
+        "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size)",
+    ),
+}
+
+
+def shipped_sglang_plans():
+    plans = []
+    for recipe in list_recipes():
+        if recipe.engine != "sglang":
+            continue
+        for hardware in list_hardware():
+            for mode in MODES:
+                for budget in [None, 32] if mode == "ddtree" else [None]:
+                    with contextlib.suppress(SpecdeployError):
+                        plans.append((make_plan(recipe, hardware, mode, budget=budget), recipe, hardware))
+    return plans
+
+
+def _marked(test):
+    for mark in needs_sglang:
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    """SGLang's verdict on every shipped plan and on the refused variants, from one child process."""
+    plans = shipped_sglang_plans()
+    requests = [check_request(plan, recipe, hardware) for plan, recipe, hardware in plans]
+    kimi = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash")
+    for extra, _ in REFUSED.values():
+        request = check_request(kimi, load_recipe("kimi-k2.6"), load_hardware("rtx-pro-6000-x8"))
+        requests.append({**request, "argv": [*request["argv"], *extra]})
+    answers = run_checks(requests)
+    return plans, dict(zip(REFUSED, answers[len(plans) :], strict=True)), answers[: len(plans)]
+
+
+@_marked
+def test_every_shipped_recipe_hardware_and_mode_passes_sglangs_start_up(verdicts):
+    plans, _, shipped = verdicts
+    assert {plan.mode for plan, _, _ in plans} == set(MODES)
+    assert {plan.recipe for plan, _, _ in plans} == {"kimi-k2.6", "qwen3-8b", "qwen3.6-27b"}
+    refused = [
+        f"{plan.recipe} {plan.hardware} {plan.mode} {plan.budget}: {verdict.message}"
+        for (plan, _, _), verdict in zip(plans, shipped, strict=True)
+        if not verdict.accepted
+    ]
+    assert not refused, "\n".join(refused)
+    for (plan, _, _), verdict in zip(plans, shipped, strict=True):
+        # SGLang kept the plan's own concurrency cap: it resets it to 48 only when none is given
+        assert f"max_running_requests {plan.argv[plan.argv.index('--max-running-requests') + 1]}," in (
+            verdict.message
+        )
+
+
+@_marked
+@pytest.mark.parametrize("case", REFUSED)
+def test_sglangs_start_up_refuses_what_its_parser_accepts(verdicts, case):
+    _, refused, _ = verdicts
+    verdict = refused[case]
+    assert not verdict.accepted and REFUSED[case][1] in verdict.message
+    assert not verdict.message.startswith("argument parser")  # the parser took it; resolution refused it
+
+
+@_marked
+def test_plan_check_prints_sglangs_refusal_and_fails(tmp_path: Path):
+    """The CLI path: a recipe whose drafter window is shorter than its block, refused by SGLang's words."""
+    text = (Path(__file__).parents[1] / "src/specdeploy/recipes/pairs/kimi-k2.6.toml").read_text()
+    recipe = tmp_path / "kimi-short-window.toml"
+    recipe.write_text(text.replace("draft_window_size = 4096", "draft_window_size = 4"))
+    result = CliRunner().invoke(app, ["plan", str(recipe), "--hardware", "rtx-pro-6000-x8", "--check"])
+    assert result.exit_code == 1, result.output
+    assert "SGLang 0.5.23 start-up validation refused" in result.output
+    assert "window_size=4, block_size=8" in result.output
+
+
+def test_ddtree_argv_is_checked_as_dflash_without_the_prs_flags():
+    plan = make_plan("kimi-k2.6", "b200-x8", "ddtree", budget=32)
+    argv = release_argv(plan)
+    assert "--speculative-ddtree-budget" not in argv
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert len(argv) == len(plan.server_args) - 2
