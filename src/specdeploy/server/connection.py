@@ -16,7 +16,11 @@ it), then reads and drops what the client still sends for up to `linger_s`, as n
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 import resource
+import weakref
 from typing import Any
 
 import h11
@@ -24,13 +28,28 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specdeploy.server.guard import HttpGuard
 
-FD_RESERVE = 64  # descriptors kept for everything but client connections (model files, logs, pipes)
+log = logging.getLogger(__name__)
+
+FD_SPARE = 64  # descriptors kept free beside those open at start-up: logs, threads, files opened later
+
+
+def open_descriptors() -> int:
+    """Descriptors this process has open (Linux and macOS list them; elsewhere a guess)."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(listing))
+        except OSError:
+            continue
+    return FD_SPARE
 
 
 def max_connections() -> int:
-    """Client connections this process can hold open beside its other descriptors."""
+    """Client connections this process can hold open beside the descriptors it already has (the engine's
+    libraries, model files) and a spare few: past it, accept() would fail and stop serving everyone."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(soft - FD_RESERVE, 1) if soft != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(soft - open_descriptors() - FD_SPARE, 1)
 
 
 def timeout_answer(message: str) -> bytes:
@@ -41,6 +60,9 @@ def timeout_answer(message: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+_watched_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 class LingeringTransport:
@@ -58,19 +80,25 @@ class LingeringTransport:
         return self._closing or self._transport.is_closing()
 
     def close(self) -> None:
+        if self._protocol.conn.their_state is h11.SEND_BODY:
+            self.linger()
+        else:
+            self.close_now()
+
+    def linger(self) -> None:
+        """Send what is written and our end of the stream, then drop what the client still sends until it
+        closes or `linger_s` passes."""
         if self._closing:
             return
         self._closing = True
         transport = self._transport
-        sending = self._protocol.conn.their_state is h11.SEND_BODY
-        if not sending or transport.is_closing() or not transport.can_write_eof():
+        if transport.is_closing() or not transport.can_write_eof():
             transport.close()
             return
         self._protocol.lingering = True
         transport.write_eof()  # our FIN follows the answer already written
         transport.resume_reading()  # uvicorn may have paused reading a large body
-        loop = asyncio.get_running_loop()
-        loop.call_later(self._protocol.linger_s, transport.close)
+        asyncio.get_running_loop().call_later(self._protocol.linger_s, transport.close)
 
     def close_now(self) -> None:
         self._closing = True
@@ -93,6 +121,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(LingeringTransport(transport, self))  # type: ignore[arg-type]
+        if self.loop not in _watched_loops:
+            watch_accept_failures(self.loop, self.connections)
+            _watched_loops.add(self.loop)
         self._make_room()
         self._follow_state()
 
@@ -145,17 +176,24 @@ class GuardedH11Protocol(H11Protocol):
 
     def _headers_timed_out(self) -> None:
         self._timer = None
-        self._close_waiting(
+        message = (
             f"The request headers did not arrive within {self.header_timeout_s:g} s; connection closed.\n"
         )
+        self._close_waiting(message, linger=True)
 
-    def _close_waiting(self, message: str) -> None:
-        """Answer 408 and close, if the connection still waits for request headers."""
+    def _close_waiting(self, message: str, linger: bool) -> None:
+        """Answer 408 and close, if the connection still waits for request headers; `linger` lets a client
+        in the middle of its headers read the answer rather than a reset."""
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return
         self._cancel_timer()
+        self.waiting_since = None
         self.transport.write(timeout_answer(message))
-        self.transport.close_now()  # type: ignore[attr-defined]
+        transport: LingeringTransport = self.transport  # type: ignore[assignment]
+        if linger:
+            transport.linger()
+        else:
+            transport.close_now()
 
     def _body_timed_out(self) -> None:
         self._timer = None
@@ -179,20 +217,46 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close_now()  # type: ignore[attr-defined]
 
     def _make_room(self) -> None:
-        """Near the descriptor limit, close the connection that has waited longest for its headers."""
-        if len(self.connections) <= self.connection_cap:
+        """Past the connection cap, close the connections that have waited longest for their headers."""
+        excess = len(self.connections) - self.connection_cap
+        if excess > 0:
+            close_idle(self.connections, excess, keep=self)
+
+
+def close_idle(connections: set[Any], count: int, keep: Any = None) -> int:
+    """Close (at once: the point is to give their descriptors back) the `count` connections that have waited
+    longest for request headers; returns how many there were."""
+    waiting = sorted(
+        (c for c in connections if isinstance(c, GuardedH11Protocol) and c is not keep and c.waiting_since),
+        key=lambda c: c.waiting_since or 0.0,
+    )[:count]
+    message = "The server is at its connection limit and this connection had sent no request.\n"
+    for connection in waiting:
+        connection._close_waiting(message, linger=False)
+    return len(waiting)
+
+
+def watch_accept_failures(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    """When accept() runs out of descriptors, close idle connections so that it succeeds on its retry.
+
+    asyncio accepts a whole backlog of connections before any of them reaches `connection_made`, so the cap
+    alone cannot keep accept() from failing; asyncio then logs the failure and retries after a second.
+    """
+    previous = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            closed = close_idle(connections, FD_SPARE)
+            if closed:  # else the accepted connections have not reached connection_made yet: it retries
+                log.warning("out of file descriptors: closed %d connections that had sent no request", closed)
             return
-        waiting = [
-            c
-            for c in self.connections
-            if isinstance(c, GuardedH11Protocol) and c is not self and c.waiting_since is not None
-        ]
-        if waiting:
-            oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)
-            oldest._close_waiting(
-                "The server is at its connection limit and this connection had sent no request; "
-                "connection closed.\n"
-            )
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
 
 
 def guarded_protocol(guard: HttpGuard) -> type[GuardedH11Protocol]:
