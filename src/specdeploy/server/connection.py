@@ -4,8 +4,9 @@ uvicorn closes an idle keep-alive connection, but not one that never finishes it
 middle of its body: such half-open connections pile up until the process runs out of file descriptors and
 stops accepting. Here a request's headers must arrive within `header_timeout_s` of the connection becoming
 ready for them, and its body may pause at most `body_timeout_s` between reads (both answered 408, then
-closed). When connections near the descriptor limit, the one that has waited longest for its headers is
-closed to make room, so that idle connections can never lock out working ones.
+closed). Past a cap the descriptor limit sets, or when accept() runs out of descriptors, the connections that
+have waited longest for their headers are closed to make room, so that idle connections cannot lock out
+working ones.
 
 An early answer (a 413 for an announced oversized body) closes the connection while the client may still be
 sending; closing a socket with unread input makes the kernel send a reset, which can destroy the answer before
@@ -34,7 +35,7 @@ FD_SPARE = 64  # descriptors kept free beside those open at start-up: logs, thre
 
 
 def open_descriptors() -> int:
-    """Descriptors this process has open (Linux and macOS list them; elsewhere a guess)."""
+    """Descriptors this process has open (Linux and macOS list them; elsewhere FD_SPARE is assumed)."""
     for listing in ("/proc/self/fd", "/dev/fd"):
         try:
             return len(os.listdir(listing))

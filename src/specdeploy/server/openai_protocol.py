@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 from specdeploy.server.api_errors import ApiError
 
-# A number as the client sent it (or anything else it sent there): checked by params.parse_sampling_params.
-JsonNumber = Any
+# A field as the client sent it (a number, or anything else): checked by params.parse_sampling_params.
+JsonValue = Any
 # OpenAI fields accepted only at their no-op value; parse_sampling_params refuses any other value.
 NO_OP_FIELDS = ("n", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_p")
 # OpenAI's names where they differ from SGLang's native ones, for error messages.
@@ -31,23 +31,23 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: JsonNumber = None
-    top_p: JsonNumber = None
-    top_k: JsonNumber = None
-    seed: JsonNumber = None
+    temperature: JsonValue = None
+    top_p: JsonValue = None
+    top_k: JsonValue = None
+    seed: JsonValue = None
     stop: str | list[str] | None = None
-    stop_token_ids: JsonNumber = None  # a list of token ids, checked with the numbers
+    stop_token_ids: JsonValue = None  # a list of token ids, checked there too
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool = False  # SGLang's: the output token ids with each choice
-    n: JsonNumber = None
-    frequency_penalty: JsonNumber = None
-    presence_penalty: JsonNumber = None
-    repetition_penalty: JsonNumber = None
-    min_p: JsonNumber = None
+    n: JsonValue = None
+    frequency_penalty: JsonValue = None
+    presence_penalty: JsonValue = None
+    repetition_penalty: JsonValue = None
+    min_p: JsonValue = None
     logprobs: Any = None
     response_format: Any = None
 
@@ -59,7 +59,7 @@ class SamplingFields(BaseModel):
         if self.response_format is not None and self.response_format != {"type": "text"}:
             raise ApiError("response_format (constrained decoding) is not supported by the reference engine.")
 
-    def sampling_params(self, max_new_tokens: JsonNumber) -> dict[str, Any]:
+    def sampling_params(self, max_new_tokens: JsonValue) -> dict[str, Any]:
         """The native sampling_params this request means (SGLang's OpenAI -> native mapping), unchecked."""
         return {
             "max_new_tokens": max_new_tokens,
@@ -78,7 +78,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: JsonNumber = 16
+    max_tokens: JsonValue = 16
     echo: StrictBool = False
     suffix: str | None = None
 
@@ -104,11 +104,11 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
-    max_tokens: JsonNumber = None
-    max_completion_tokens: JsonNumber = None
+    max_tokens: JsonValue = None
+    max_completion_tokens: JsonValue = None
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: StrictBool = False
     tools: list[Any] | None = None
 
-    def max_output_tokens(self) -> JsonNumber:
+    def max_output_tokens(self) -> JsonValue:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
