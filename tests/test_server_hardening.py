@@ -353,7 +353,8 @@ def test_an_oversized_body_written_whole_before_reading_gets_its_413_not_a_reset
 def test_health_generate_takes_a_place_in_the_queue(random_pair: tuple[Path, Path]) -> None:
     """The probe counts against --max-queued-requests: idle, it takes the one place and runs a step; with the
     place held by a stream, it queues nothing and answers from that stream's steps."""
-    with running_server(random_pair, "ar", max_queued_requests=1) as url:
+    # DDTree as in the module's server: its witness streams for seconds, an AR one can end within the checks
+    with running_server(random_pair, "ddtree", 8, max_queued_requests=1) as url:
         alone = sse_events(httpx.post(url + "/generate", json=WITNESS, timeout=120))[-1]
         assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
         with witness_streaming(url, alone), httpx.Client(base_url=url, timeout=60) as client:
