@@ -17,6 +17,7 @@ import uvicorn
 from specdeploy.engine.runtime import load_engine
 from specdeploy.server.app import create_app
 from specdeploy.server.guard import HttpGuard
+from specdeploy.server.launch import uvicorn_config
 from specdeploy.server.service import ServerConfig
 
 
@@ -37,9 +38,11 @@ def running_server(
     """Serve a fresh engine over the pair in a thread (uvicorn, real sockets); yields the base URL."""
     target, draft = pair
     engine = load_engine(str(target), None if mode == "ar" else str(draft), mode, budget)
+    guard = guard or HttpGuard()
     app = create_app(engine, ServerConfig(**config), guard)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # the connection `serve` runs: read deadlines, connection cap and lingering close included
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, "warning", guard))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -68,8 +68,14 @@ def test_protected_routes_answer_401_without_or_with_a_wrong_key(keyed_url, meth
 
 
 def test_health_readiness_and_metrics_stay_open(keyed_url) -> None:
-    for path in ("/health", "/health_generate", "/ready", "/metrics"):
+    for path in ("/health", "/ready", "/metrics"):
         assert httpx.get(keyed_url + path, timeout=30).status_code == 200, path
+
+
+def test_health_generate_runs_the_engine_so_it_needs_the_key(keyed_url) -> None:
+    assert httpx.get(keyed_url + "/health_generate", timeout=30).status_code == 401
+    keyed = httpx.get(keyed_url + "/health_generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert keyed.status_code == 200
 
 
 def test_load_and_the_bench_client_send_the_key_from_the_environment(keyed_url, monkeypatch) -> None:

@@ -415,3 +415,40 @@ def test_dead_steps_at_every_bucket_window_and_budget_leave_no_trace(pairs):
     ]
     got = run(engine, [(0, p, q) for p, q in zip(PROMPTS, params, strict=True)])
     assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
+
+
+def test_a_request_failing_on_its_own_leaves_with_its_error_and_the_others_are_unaffected(pairs):
+    """A row whose sampling settings the sampling tensors cannot hold (what the range checks now refuse, set
+    here past them) fails at its admission; requests running beside it finish exactly as alone."""
+    target, drafter = pairs["qwen3"]
+    good = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS[:3]]
+    single = [
+        Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids
+        for p, q in zip(PROMPTS[:3], good, strict=True)
+    ]
+    bad = SamplingParams(temperature=0.5, max_new_tokens=8)
+    object.__setattr__(bad, "temperature", 1e39)  # float32 overflows: the row's settings cannot be written
+    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128)
+    schedule = [
+        (0, PROMPTS[0], good[0]),
+        (2, PROMPTS[5], bad),
+        (2, PROMPTS[1], good[1]),
+        (4, PROMPTS[2], good[2]),
+    ]
+    outputs: dict[int, list[int]] = {}
+    errors: dict[int, str] = {}
+    iteration = 0
+    while schedule or not engine.idle:
+        while schedule and schedule[0][0] <= iteration:
+            _, prompt, params = schedule.pop(0)
+            outputs[engine.submit(prompt, params).id] = []
+        for event in engine.iterate():
+            if event.step is None:
+                errors[event.request.id] = event.error
+            else:
+                outputs[event.request.id] += event.step.token_ids
+        iteration += 1
+        assert iteration < 1000
+    assert list(errors) == [2] and "overflow" in errors[2] and outputs[2] == []
+    assert [outputs[1], outputs[3], outputs[4]] == single
+    assert engine.idle and engine.shared.active == 0 and engine.prefilling is None

@@ -6,7 +6,9 @@ Design. Each iteration does two things, as SGLang's chunked prefill does:
    several iterations), so a long prompt never stalls the running requests for long.
 2. Decode: one batched step for every running request (one drafter pass over all their blocks, one tree
    per request, one target forward over all their trees); each request then commits its own path.
-Requests that finish (stop token, length, cancellation) leave between iterations. A target with recurrent
+Requests that finish (stop token, length, cancellation) leave between iterations. A request that fails on
+its own (its admission or prefill raises) leaves with an error event and the others go on; only a failure
+of the batched step itself, which no single request can be blamed for, ends the iteration with an exception. A target with recurrent
 layers runs one runner per request (its exact per-node states are read on the host), stepped in turn.
 With an adaptive budget (`BudgetPolicy`), every iteration picks the DDTree budget for the batch from the
 number of running requests (0: an AR step), and each drafting step's trees predict the acceptance of every
@@ -46,10 +48,12 @@ class Request:
 
 @dataclass
 class Event:
-    """A request's step: its first token (after its prefill) or one verify step's committed tokens."""
+    """A request's step: its first token (after its prefill) or one verify step's committed tokens; or, with
+    `error` set and no step, why the request failed and left."""
 
     request: Request
-    step: Step
+    step: Step | None
+    error: str | None = None
 
 
 class BatchEngine:
@@ -158,11 +162,20 @@ class BatchEngine:
             if self.prefilling is None:
                 if not self.waiting or len(self.running) >= self.max_running:
                     break
-                self._begin(self.waiting.popleft())
+                request = self.waiting.popleft()
+                try:
+                    self._begin(request)
+                except Exception as exc:  # this request's own settings or prompt: it alone fails
+                    events.append(self._fail(request, exc))
+                    continue
             request = self.prefilling
             runner = request.runner
             chunk = min(self.prefill_tokens - spent, runner.prefill_remaining)
-            first = runner.prefill(chunk)
+            try:
+                first = runner.prefill(chunk)
+            except Exception as exc:  # the prefill runs in the spare row: the running rows are untouched
+                events.append(self._fail(request, exc))
+                continue
             spent += chunk
             if first is None:
                 break
@@ -170,6 +183,14 @@ class BatchEngine:
             self.running.append(request)
             events.append(self._event(request, [first], 0))
         return events
+
+    def _fail(self, request: Request, exc: Exception) -> Event:
+        """End a request that failed before it ran: its prefill (if begun) is dropped, its row stays free."""
+        if self.prefilling is request:
+            request.runner.abandon()
+            self.prefilling = None
+        request.finished = True
+        return Event(request, None, f"{type(exc).__name__}: {exc}")
 
     def _begin(self, request: Request) -> None:
         runner = self._make_runner(1) if self.per_request else self.shared

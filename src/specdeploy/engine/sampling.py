@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 import torch
 
 from specdeploy.engine.tree import Acceptance, TreeBatch
 from specdeploy.errors import SpecdeployError
+
+# Temperatures below this are greedy, as in SGLang (its _SAMPLING_EPS): logits / T overflows float32 long
+# before T reaches 0, and a distribution that sharp is the argmax anyway.
+GREEDY_BELOW_TEMPERATURE = 1e-6
+
+
+def as_float32(value: float) -> float:
+    """`value` as the float32 the sampling tensors hold it in; OverflowError above float32's range."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _float32_or_none(value: float) -> float | None:
+    try:
+        return as_float32(value)
+    except OverflowError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -21,10 +39,18 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise SpecdeployError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SpecdeployError(f"top_p must be in (0, 1], got {self.top_p}")
+        # every value is checked as the float32 it becomes: a finite float64 can still overflow or vanish there
+        temperature = _float32_or_none(self.temperature)
+        if temperature is None or not math.isfinite(temperature) or temperature < 0:
+            raise SpecdeployError(
+                f"temperature must be a number from 0 to {torch.finfo(torch.float32).max:.4g} (the largest "
+                f"float32), got {self.temperature}; 0 (or anything below {GREEDY_BELOW_TEMPERATURE}) is greedy"
+            )
+        top_p = _float32_or_none(self.top_p)
+        if top_p is None or not math.isfinite(top_p) or not 0 < top_p <= 1:
+            raise SpecdeployError(
+                f"top_p must be in (0, 1] and not round to 0 as a float32, got {self.top_p}"
+            )
         if self.top_k < 0:
             raise SpecdeployError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
@@ -32,7 +58,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -55,14 +81,14 @@ class RowSampling:
     @staticmethod
     def of(params: list[SamplingParams], device: torch.device | str) -> RowSampling:
         return RowSampling(
-            temperature=torch.tensor([p.temperature or 1.0 for p in params], device=device),
+            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
             top_k=torch.tensor([min(p.top_k, TOP_K_OFF) for p in params], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
             greedy=torch.tensor([p.greedy for p in params], device=device),
         )
 
     def set_row(self, row: int, params: SamplingParams) -> None:
-        self.temperature[row] = params.temperature or 1.0
+        self.temperature[row] = 1.0 if params.greedy else params.temperature
         self.top_k[row] = min(params.top_k, TOP_K_OFF)
         self.top_p[row] = params.top_p
         self.greedy[row] = params.greedy

@@ -57,7 +57,7 @@ def serve(
         typer.Option(
             envvar=API_KEY_ENV,
             show_envvar=True,
-            help="Require `Authorization: Bearer KEY` on every route but /health*, /ready and /metrics "
+            help="Require `Authorization: Bearer KEY` on every route but /health, /ready and /metrics "
             "(prefer the environment variable: argv is visible to every user of the machine).",
         ),
     ] = None,

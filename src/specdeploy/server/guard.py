@@ -1,4 +1,5 @@
-"""What the HTTP layer refuses before any route runs: requests without the API key, and oversized bodies.
+"""What the HTTP layer refuses before any route runs: requests without the API key, and oversized bodies,
+and the connection's read deadlines (enforced in connection.py).
 
 Both answers go out as SGLang's OpenAI-style error body. The size check reads only the headers: a body
 announced larger than the limit is refused without being received.
@@ -18,14 +19,25 @@ from specdeploy.server.api_errors import error_body
 MIB = 1 << 20
 # Far above any prompt the context allows (256k tokens as JSON ids is about 2 MiB), far below what hurts.
 DEFAULT_MAX_BODY_BYTES = 16 * MIB
-# Probes and scrapers work without a secret, as in SGLang (`decide_request_auth`: prefix match).
-OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+# Probes and scrapers work without a secret. Not /health_generate: it runs the engine, so it is behind the
+# key like every route that does.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+# Read deadlines (connection.py), in the range of nginx's client_header_timeout / client_body_timeout (60 s)
+# and Apache's mod_reqtimeout (header 20-40 s, body 20 s): short enough that idle connections cannot pile up.
+HEADER_TIMEOUT_S = 20.0  # from the connection being ready for a request to the end of its headers
+BODY_TIMEOUT_S = 30.0  # the longest pause while a request body is arriving
+LINGER_S = 10.0  # how long an early-answered client may go on sending before the connection is closed
 
 
 @dataclass(frozen=True)
 class HttpGuard:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    linger_s: float = LINGER_S
 
 
 def body_too_large(limit: int) -> dict[str, Any]:
@@ -77,7 +89,7 @@ class GuardMiddleware:
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
         key = self.guard.api_key
         path = scope["path"]
-        if key and scope["method"] != "OPTIONS" and not path.startswith(OPEN_PREFIXES):
+        if key and scope["method"] != "OPTIONS" and path not in OPEN_PATHS:
             if not authorized(headers.get("authorization"), key):
                 message = (
                     "Invalid API key." if "authorization" in headers else "Missing API key."

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from specdeploy import sglang_protocol
 from specdeploy.server.api_errors import ApiError
@@ -18,6 +20,8 @@ from specdeploy.server.worker import Job
 
 # Requests are flat objects holding lists (batches of token ids, messages with content parts): a few levels.
 MAX_JSON_DEPTH = 32
+# JSON's \uD800 escapes parse to Python strings holding lone surrogates, which no UTF-8 codec can encode
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def service_of(request: Request) -> EngineService:
@@ -45,40 +49,64 @@ def check_texts(request: Request, texts: list[str], param: str) -> None:
 async def _bounded_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it passes `limit` (chunked uploads announce no length)."""
     parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(body_too_large(limit)["message"], 413)
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(body_too_large(limit)["message"], 413)
+            parts.append(chunk)
+    except ClientDisconnect:  # gone, or cut off by the body deadline: the answer reaches nobody
+        raise ApiError("The client left before its request body was complete.", 408) from None
     return b"".join(parts)
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of parsed JSON, walked without recursion."""
-    deepest, stack = 0, [(value, 1)]
+def check_json(value: Any) -> None:
+    """Refuse parsed JSON nested deeper than any request, or holding a lone UTF-16 surrogate in any string
+    (a key too): such a string cannot be tokenised nor written back as UTF-8. Walked without recursion."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]
     while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
+        item, depth, path = stack.pop()
+        if depth > MAX_JSON_DEPTH:  # shallower than the parser's limit, still deeper than any request
+            raise _too_deep()
+        if isinstance(item, str):
+            _check_text(item, path)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _check_text(key, path)
+                stack.append((child, depth + 1, (*path, key)))
         elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return deepest
+            stack.extend((child, depth + 1, (*path, i)) for i, child in enumerate(item))
+
+
+def _too_deep() -> ApiError:
+    return ApiError(f"The request body nests deeper than {MAX_JSON_DEPTH} levels; send a flat JSON object.")
+
+
+def _check_text(text: str, path: tuple[Any, ...]) -> None:
+    found = LONE_SURROGATE.search(text)
+    if found is not None:
+        where = ".".join(map(str, path)) or "the body"
+        raise ApiError(
+            f"{where} holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}), which is not a Unicode "
+            "character; send valid UTF-8 text (a surrogate pair written as two \\u escapes is fine).",
+            param=str(path[0]) if path else None,
+        )
 
 
 async def read_json(request: Request) -> Any:
     body = await _bounded_body(request, guard_of(request).max_body_bytes)
-    too_deep = ApiError(
-        f"The request body nests deeper than {MAX_JSON_DEPTH} levels; send a flat JSON object."
-    )
     try:
         value = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(f"The request body is not valid JSON ({exc}); send a JSON object.") from None
     except RecursionError:  # the C parser gives up on deep nesting such as `[` x 5000
-        raise too_deep from None
-    if json_depth(value) > MAX_JSON_DEPTH:  # shallower than the parser's limit, still deeper than any request
-        raise too_deep
+        raise _too_deep() from None
+    except ValueError:  # Python refuses to convert integers this long (CVE-2020-10735)
+        raise ApiError(
+            f"The request body holds an integer of more than {sys.get_int_max_str_digits()} digits; no "
+            "field takes a number that large."
+        ) from None
+    check_json(value)
     return value
 
 

@@ -13,6 +13,7 @@ import uvicorn
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.server.app import create_app
+from specdeploy.server.connection import guarded_protocol
 from specdeploy.server.guard import HttpGuard
 from specdeploy.server.service import ServerConfig
 
@@ -54,6 +55,18 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def uvicorn_config(app: Any, host: str, port: int, log_level: str, guard: HttpGuard) -> uvicorn.Config:
+    """uvicorn serving `app` over the guarded HTTP/1.1 connection (read deadlines, lingering close)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=guarded_protocol(guard),
+    )
+
+
 def serve_engine(
     engine: Any,
     config: ServerConfig,
@@ -62,11 +75,9 @@ def serve_engine(
     log_level: str = "info",
     guard: HttpGuard | None = None,
 ) -> None:
+    guard = guard or HttpGuard()
     app = create_app(engine, config, guard)
-    uvicorn_config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
-    )
-    server = _Server(uvicorn_config, app.state.service.worker.request_stop)
+    server = _Server(uvicorn_config(app, host, port, log_level, guard), app.state.service.worker.request_stop)
     # uvicorn re-raises the signal it caught once shut down, under the handler it found at start; with the
     # default handler SIGTERM would then kill the process (status 143) after an otherwise clean shutdown.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -1,7 +1,9 @@
 """Request bodies of /v1/completions and /v1/chat/completions (SGLang's field names and defaults).
 
 Fields the reference engine cannot honour are declared so that a non-default value is refused with a 400
-rather than silently ignored; unknown fields are ignored, as SGLang's models do.
+rather than silently ignored; unknown fields are ignored, as SGLang's models do. Numeric sampling fields are
+kept as the JSON values the client sent and checked where /generate's are (`params.parse_sampling_params`),
+so that every route refuses the same values (`"0.5"`, `true`, 1e39) with the same message.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 from specdeploy.server.api_errors import ApiError
+
+# A field as the client sent it (a number, or anything else): checked by params.parse_sampling_params.
+JsonValue = Any
+# OpenAI fields accepted only at their no-op value; parse_sampling_params refuses any other value.
+NO_OP_FIELDS = ("n", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_p")
+# OpenAI's names where they differ from SGLang's native ones, for error messages.
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
 
 
 class StreamOptions(BaseModel):
@@ -22,47 +31,36 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: StrictInt | None = None
-    seed: StrictInt | None = None
+    temperature: JsonValue = None
+    top_p: JsonValue = None
+    top_k: JsonValue = None
+    seed: JsonValue = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: JsonValue = None  # a list of token ids, checked there too
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool = False  # SGLang's: the output token ids with each choice
-    n: StrictInt = 1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
+    n: JsonValue = None
+    frequency_penalty: JsonValue = None
+    presence_penalty: JsonValue = None
+    repetition_penalty: JsonValue = None
+    min_p: JsonValue = None
     logprobs: Any = None
     response_format: Any = None
 
     def refuse_unsupported(self) -> None:
-        """Refuse options that would change the output in ways this engine does not implement."""
-        defaults = {
-            "n": 1,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "repetition_penalty": 1.0,
-            "min_p": 0.0,
-        }
-        for name, default in defaults.items():
-            if getattr(self, name) != default:
-                raise ApiError(
-                    f"{name}={getattr(self, name)!r} is not supported by the reference engine.", param=name
-                )
+        """Refuse options that would change the output in ways this engine does not implement (the numeric
+        ones, such as n and the penalties, are refused with /generate's in `sampling_params`)."""
         if self.logprobs not in (None, False):
             raise ApiError("logprobs are not supported by the reference engine.", param="logprobs")
         if self.response_format is not None and self.response_format != {"type": "text"}:
             raise ApiError("response_format (constrained decoding) is not supported by the reference engine.")
 
-    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """The native sampling_params this request means (SGLang's OpenAI -> native mapping)."""
+    def sampling_params(self, max_new_tokens: JsonValue) -> dict[str, Any]:
+        """The native sampling_params this request means (SGLang's OpenAI -> native mapping), unchecked."""
         return {
             "max_new_tokens": max_new_tokens,
             "temperature": self.temperature,
@@ -74,12 +72,13 @@ class SamplingFields(BaseModel):
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens,
             "no_stop_trim": self.no_stop_trim,
+            **{name: getattr(self, name) for name in NO_OP_FIELDS},
         }
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt = 16
+    max_tokens: JsonValue = 16
     echo: StrictBool = False
     suffix: str | None = None
 
@@ -105,11 +104,11 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: JsonValue = None
+    max_completion_tokens: JsonValue = None
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: StrictBool = False
     tools: list[Any] | None = None
 
-    def max_output_tokens(self) -> int | None:
+    def max_output_tokens(self) -> JsonValue:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

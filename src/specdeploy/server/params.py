@@ -1,8 +1,15 @@
-"""Request sampling parameters (SGLang's names) -> the engine's SamplingParams, with every check a 400."""
+"""Request sampling parameters (SGLang's names) -> the engine's SamplingParams, with every check a 400.
+
+The one place where every route's numeric parameters are checked: /generate's `sampling_params` and the
+OpenAI routes' fields (mapped to SGLang's names) arrive here as the JSON values the client sent. Each must be a
+JSON number of the right kind (never a string or a boolean), finite, and in its range; the engine's
+SamplingParams then checks the values as the float32 they become (temperature 1e39 overflows, 1e-45 vanishes).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +34,7 @@ NO_OP_VALUES: dict[str, Any] = {
     "custom_params": None,
     "spaces_between_special_tokens": True,
 }
+SHOWN_CHARS = 60  # of a client's value quoted back in an error
 SUPPORTED = {
     "max_new_tokens",
     "temperature",
@@ -58,12 +66,17 @@ class RequestParams:
 
 
 def parse_sampling_params(
-    raw: Any, limits: ModelLimits, default_max_new_tokens: int = 128, max_tokens_field: str = "max_new_tokens"
+    raw: Any,
+    limits: ModelLimits,
+    default_max_new_tokens: int = 128,
+    names: Mapping[str, str] | None = None,
 ) -> RequestParams:
     """Validate a native `sampling_params` object (SGLang defaults: temperature 1.0, max_new_tokens 128).
 
-    `max_tokens_field` is the name the client used for the output length, so that errors speak its language.
+    `names`: the field names the client used where they differ from SGLang's (OpenAI's `max_tokens`, `seed`),
+    so that errors speak its language.
     """
+    names = names or {}
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -74,10 +87,12 @@ def parse_sampling_params(
         if key in SUPPORTED or value is None:
             continue
         if key in NO_OP_VALUES:
-            if value != NO_OP_VALUES[key]:
+            default = NO_OP_VALUES[key]
+            # `true` equals 1 in Python, not in JSON: a boolean is never a number's no-op value
+            if isinstance(value, bool) != isinstance(default, bool) or value != default:
                 raise ApiError(
-                    f"sampling_params.{key}={value!r} is not supported by the reference engine; "
-                    f"leave it out or set it to {NO_OP_VALUES[key]!r}.",
+                    f"{names.get(key, key)}={_shown(value)} is not supported by the reference engine; "
+                    f"leave it out or set it to {default!r}.",
                     param=key,
                 )
             continue
@@ -85,25 +100,27 @@ def parse_sampling_params(
             f"unknown sampling parameter {key!r}; see SGLang's sampling_params documentation.", param=key
         )
 
-    max_new_tokens = _int(raw, "max_new_tokens", default_max_new_tokens)
+    max_tokens_field = names.get("max_new_tokens", "max_new_tokens")
+    seed_field = names.get("sampling_seed", "sampling_seed")
+    max_new_tokens = _int(raw, "max_new_tokens", default_max_new_tokens, max_tokens_field)
     temperature = _float(raw, "temperature", 1.0)
     top_p = _float(raw, "top_p", 1.0)
     top_k = _int(raw, "top_k", -1)
-    seed = _int(raw, "sampling_seed", None)
+    seed = _int(raw, "sampling_seed", None, seed_field)
     if max_new_tokens < 1:
         raise ApiError(
-            f"{max_tokens_field} must be at least 1, got {max_new_tokens}.", param=max_tokens_field
+            f"{max_tokens_field} must be at least 1, got {_shown(max_new_tokens)}.", param=max_tokens_field
         )
     if max_new_tokens >= limits.max_context:
         raise ApiError(
-            f"{max_tokens_field}={max_new_tokens} does not fit the model's context length of "
+            f"{max_tokens_field}={_shown(max_new_tokens)} does not fit the model's context length of "
             f"{limits.max_context} tokens; ask for fewer.",
             param=max_tokens_field,
         )
     if seed is not None and not -(2**63) <= seed < 2**63:
-        raise ApiError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.", param="sampling_seed")
+        raise ApiError(f"{seed_field} must be in [-2**63, 2**63 - 1], got {_shown(seed)}.", param=seed_field)
     if top_k == 0 or top_k < -1:
-        raise ApiError(f"top_k must be -1 (disable) or at least 1, got {top_k}.", param="top_k")
+        raise ApiError(f"top_k must be -1 (disable) or at least 1, got {_shown(top_k)}.", param="top_k")
     stop_token_ids = _token_ids(raw.get("stop_token_ids"), limits, "stop_token_ids")
     try:
         sampling = SamplingParams(
@@ -115,8 +132,8 @@ def parse_sampling_params(
             stop_token_ids=tuple(stop_token_ids),
             ignore_eos=_bool(raw, "ignore_eos", False),
         )
-    except SpecdeployError as exc:
-        raise ApiError(str(exc)) from exc
+    except SpecdeployError as exc:  # the engine's ranges: temperature and top_p as float32
+        raise ApiError(f"{exc}.") from None
     return RequestParams(
         sampling=sampling,
         stop_strs=_stop_strings(raw.get("stop")),
@@ -156,7 +173,7 @@ def _token_ids(value: Any, limits: ModelLimits, name: str) -> list[int]:
     bad = [t for t in value if not 0 <= t < limits.vocab_size]
     if bad:
         raise ApiError(
-            f"{name} contains token ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}.",
+            f"{name} contains token ids outside the vocabulary [0, {limits.vocab_size}): {_shown(bad[:5])}.",
             param=name,
         )
     return value
@@ -172,15 +189,22 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _int(raw: dict, key: str, default: int | None) -> int | None:
+def _shown(value: Any) -> str:
+    """A client's value in an error message, cut short: a number may have thousands of digits."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def _int(raw: dict, key: str, default: int | None, name: str | None = None) -> int | None:
     value = raw.get(key)
     if value is None:
         return default
+    name = name or key
     # JSON has one number type: 8.0 is a fine integer, 8.5 and "8" are not
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ApiError(f"{key} must be an integer, got {value!r}.", param=key)
+        raise ApiError(f"{name} must be an integer, got {_shown(value)}.", param=name)
     return value
 
 
@@ -188,9 +212,15 @@ def _float(raw: dict, key: str, default: float) -> float:
     value = raw.get(key)
     if value is None:
         return default
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ApiError(f"{key} must be a finite number, got {value!r}.", param=key)
-    return float(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ApiError(f"{key} must be a number, got {_shown(value)}.", param=key)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float64's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ApiError(f"{key} must be a finite number, got {_shown(value)}.", param=key)
+    return number
 
 
 def _bool(raw: dict, key: str, default: bool) -> bool:
@@ -198,5 +228,5 @@ def _bool(raw: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(f"{key} must be true or false, got {value!r}.", param=key)
+        raise ApiError(f"{key} must be true or false, got {_shown(value)}.", param=key)
     return value

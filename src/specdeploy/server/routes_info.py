@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -12,14 +13,19 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from specdeploy.engine.decode import SamplingParams
+from specdeploy.engine.decode import SamplingParams, Step
+from specdeploy.server.api_errors import ApiError
 from specdeploy.server.http_utils import service_of
 from specdeploy.server.service import SPECULATIVE_ALGORITHMS
+from specdeploy.server.worker import Job
 
 router = APIRouter()
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
+HEALTH_POLL_S = 1.0
 HEALTH_PROBE = SamplingParams(temperature=0.0, max_new_tokens=1)
+MAX_FLUSH_WAIT_S = 3600.0  # /flush_cache?timeout=: an hour is longer than any benchmark's drain
+FLUSH_POLL_S = 0.05
 
 
 @router.get("/health")
@@ -35,26 +41,37 @@ async def ready(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """Generate one token; any step the engine makes meanwhile (another request's) counts as healthy too."""
+    """Generate one token; any step the engine makes meanwhile (another request's) counts as healthy too.
+
+    The probe takes a place in the queue like any request: with the queue full it queues nothing and waits
+    for the running requests' steps instead.
+    """
     worker = service_of(request).worker
     if not worker.alive:
         return Response(status_code=503)
     started = time.perf_counter()
-    job = worker.submit([0], HEALTH_PROBE, bypass_limit=True)
+    try:
+        job: Job | None = worker.submit([0], HEALTH_PROBE)
+    except ApiError:  # full, or shutting down (then the worker is no longer alive below)
+        job = None
     try:
         while time.perf_counter() - started < HEALTH_CHECK_TIMEOUT_S:
-            try:
-                if await asyncio.wait_for(job.steps.get(), 1.0) is not None:
-                    return Response(status_code=200)
-            except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
-                pass
+            if job is None:
+                await asyncio.sleep(HEALTH_POLL_S)
+            else:
+                try:
+                    if isinstance(await asyncio.wait_for(job.steps.get(), HEALTH_POLL_S), Step):
+                        return Response(status_code=200)
+                except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
+                    pass
             if worker.last_step_at > started:
                 return Response(status_code=200)
             if not worker.alive:
                 break
         return Response(status_code=503)
     finally:
-        job.cancel()
+        if job is not None:
+            job.cancel()
 
 
 @router.get("/model_info")
@@ -116,11 +133,16 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache(request: Request, timeout: float = Query(0.0, ge=0.0)) -> Response:
+async def flush_cache(request: Request, timeout: str = Query("0")) -> Response:
     """Restart the cumulative counters once idle, like SGLang (the engine keeps no cache across requests)."""
     service = service_of(request)
-    idle = await asyncio.to_thread(service.worker.wait_idle, timeout)
-    if not idle:
+    deadline = time.monotonic() + _flush_timeout(timeout)
+    # polled on the event loop: a waiting flush holds no thread, and ends when its client leaves
+    while not service.worker.idle and time.monotonic() < deadline:
+        if await request.is_disconnected():
+            return Response(status_code=499)
+        await asyncio.sleep(min(FLUSH_POLL_S, max(deadline - time.monotonic(), 0.0)))
+    if not service.worker.idle:
         return PlainTextResponse(
             "Flush cache failed: requests are running or waiting; retry when idle or pass ?timeout=SECONDS.\n",
             status_code=400,
@@ -130,6 +152,20 @@ async def flush_cache(request: Request, timeout: float = Query(0.0, ge=0.0)) -> 
         "Cache flushed.\nPlease check backend logs for more details. "
         "(When there are running or waiting requests, the operation will not be performed.)\n"
     )
+
+
+def _flush_timeout(raw: str) -> float:
+    """The seconds /flush_cache may wait for the server to become idle: finite, from 0 to MAX_FLUSH_WAIT_S."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_FLUSH_WAIT_S:  # also false for nan
+        raise ApiError(
+            f"timeout must be a number of seconds from 0 to {MAX_FLUSH_WAIT_S:g}, got {raw[:60]!r}.",
+            param="timeout",
+        )
+    return seconds
 
 
 @router.get("/metrics")

@@ -14,6 +14,7 @@ from specdeploy.server.api_errors import ApiError
 from specdeploy.server.generation import Generation
 from specdeploy.server.http_utils import check_texts, read_model, service_of, sse_stream
 from specdeploy.server.openai_protocol import (
+    OPENAI_NAMES,
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
@@ -69,9 +70,7 @@ async def completions(request: Request) -> Response:
     if req.echo or req.suffix:
         raise ApiError("echo and suffix are not supported by the reference engine.", param="echo")
     prompts = _completion_prompts(req, service, request)
-    params = parse_sampling_params(
-        req.sampling_params(req.max_tokens), service.limits, max_tokens_field="max_tokens"
-    )
+    params = parse_sampling_params(req.sampling_params(req.max_tokens), service.limits, names=OPENAI_NAMES)
     gens = [service.new_generation(ids, params, "prompt") for ids in prompts]
     return await _respond(request, service, req, gens, CompletionFlavor(req.return_token_ids))
 
@@ -97,7 +96,7 @@ async def chat_completions(request: Request) -> Response:
         max_new_tokens = max(service.limits.max_context - len(prompt_ids), 1)
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = parse_sampling_params(
-        req.sampling_params(max_new_tokens), service.limits, max_tokens_field=field
+        req.sampling_params(max_new_tokens), service.limits, names={**OPENAI_NAMES, "max_new_tokens": field}
     )
     gen = service.new_generation(prompt_ids, params, "messages")
     return await _respond(request, service, req, [gen], ChatFlavor(req.return_token_ids))

@@ -91,7 +91,6 @@ class EngineWorker:
         self._in_engine = 0  # jobs the engine holds (waiting inside it, prefilling or running)
         self._stopping = threading.Event()
         self._exited = False  # set under the lock once the thread takes no more jobs
-        self._idle = threading.Condition(self._lock)
         self.last_step_at = 0.0  # perf_counter of the latest step any job made, for /health_generate
         self._thread = threading.Thread(target=self._run, name="specdeploy-engine", daemon=True)
 
@@ -110,13 +109,13 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, bypass_limit: bool = False) -> Job:
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
         """Queue a job behind all earlier ones; refuse with 503 when the queue is full or shutting down."""
         if self._stopping.is_set():
             raise ApiError("The server is shutting down; send the request to another replica.", 503)
         job = Job(prompt_ids, params, asyncio.get_running_loop())
         with self._lock:
-            if not bypass_limit and self._queued + self._in_engine >= self.max_queued:
+            if self._queued + self._in_engine >= self.max_queued:
                 raise ApiError(
                     f"The request queue is full ({self.max_queued} requests waiting or running); "
                     "retry later or start the server with a larger --max-queued-requests.",
@@ -129,10 +128,11 @@ class EngineWorker:
             self._jobs.put(job)
         return job
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Block until nothing waits or runs (True), or until `timeout` seconds pass (False)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._queued + self._in_engine == 0, timeout)
+    @property
+    def idle(self) -> bool:
+        """Nothing waits or runs."""
+        with self._lock:
+            return self._queued + self._in_engine == 0
 
     def request_stop(self) -> None:
         """Stop after the current iteration, without waiting: unfinished jobs end without further output.
@@ -162,7 +162,8 @@ class EngineWorker:
                 continue
             try:
                 events = self.engine.iterate()
-            except Exception as exc:  # an engine failure ends the jobs it held, never the worker
+            # the batched step failed, with no one request to blame: its jobs end, never the worker
+            except Exception as exc:
                 log.exception("generation failed")
                 for job in held.values():
                     job._deliver(JobFailed(f"{type(exc).__name__}: {exc}"))
@@ -173,6 +174,10 @@ class EngineWorker:
                 self.last_step_at = time.perf_counter()
             for event in events:
                 job = held[event.request]
+                if event.step is None:  # this request alone failed; the others go on
+                    log.error("a request failed: %s", event.error)
+                    job._deliver(JobFailed(event.error))
+                    continue
                 if event.step.verified_tokens and getattr(event.request, "budgets", None):
                     job.budgets.append(event.request.budgets[-1])
                     job.predicted.append(event.request.predicted[-1])
@@ -200,8 +205,12 @@ class EngineWorker:
                 continue
             try:
                 request = self.engine.submit(job.prompt_ids, job.params)
-            except SpecdeployError as exc:
-                job._deliver(JobFailed(str(exc)))
+            except Exception as exc:  # refused or failed on admission: this job alone ends
+                job._deliver(
+                    JobFailed(
+                        str(exc) if isinstance(exc, SpecdeployError) else f"{type(exc).__name__}: {exc}"
+                    )
+                )
                 self._close(job)
                 continue
             job.started_at = time.perf_counter()
@@ -218,8 +227,6 @@ class EngineWorker:
 
     def _close(self, job: Job) -> None:
         job._deliver(None)
-        with self._idle:
-            self._idle.notify_all()
 
     def _drain(self) -> None:
         """After a stop, end every job still queued so that no consumer waits forever."""
