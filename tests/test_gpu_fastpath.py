@@ -254,7 +254,8 @@ def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
         q = torch.randn(1, tokens, heads, nope + rope_dim, generator=gen).bfloat16()
         absorbed = torch.randn(1, tokens, heads, latent, generator=gen).bfloat16()
         weight = (1 + 0.1 * torch.randn(latent, generator=gen)).bfloat16()
-        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 5e4}, rope_dim, 4096)(
+        # the module computes its frequencies on the CPU (as at load time); moved like a model's buffers
+        rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 5e4}, rope_dim, 4096).to("cuda")(
             torch.arange(100, 100 + tokens)[None], torch.bfloat16
         )
         slots = torch.randperm(capacity, generator=gen)[:tokens]
