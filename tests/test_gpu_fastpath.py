@@ -259,12 +259,23 @@ def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
             torch.arange(100, 100 + tokens)[None], torch.bfloat16
         )
         slots = torch.randperm(capacity, generator=gen)[:tokens]
-        caches = [torch.zeros(capacity, 1, latent + rope_dim, dtype=torch.bfloat16) for _ in range(2)]
+        cache = torch.zeros(capacity, 1, latent + rope_dim, dtype=torch.bfloat16)
     kv = proj[..., 1536:]
-    got = mla_query_entry(absorbed, q[..., nope:], kv, weight, 1e-6, *rope, slots, caches[0], True)
-    want = torch.cat([absorbed, apply_rope(q[..., nope:], rope, True)], dim=-1)
-    entry = torch.cat([ops.torch_rms_norm(kv[..., :latent], weight, 1e-6)[:, :, None],
-                       apply_rope(kv[..., None, latent:], rope, True)], dim=-1)  # fmt: skip
-    caches[1].index_copy_(0, slots, entry.reshape(tokens, 1, -1))
-    close(got, want)
-    close(caches[0], caches[1])
+    got = mla_query_entry(absorbed, q[..., nope:], kv, weight, 1e-6, *rope, slots, cache, True)
+
+    def torch_path(cast: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [t.to(cast) for t in (absorbed, q[..., nope:], kv, weight, *rope)]
+        absorbed_c, q_rope, kv_c, weight_c, cos, sin = parts
+        query = torch.cat([absorbed_c, apply_rope(q_rope, (cos, sin), True)], dim=-1)
+        entry = torch.cat([ops.torch_rms_norm(kv_c[..., :latent], weight_c, 1e-6)[:, :, None],
+                           apply_rope(kv_c[..., None, latent:], (cos, sin), True)], dim=-1)  # fmt: skip
+        cache = torch.zeros(capacity, 1, latent + rope_dim, dtype=cast, device="cuda")
+        return query, cache.index_copy_(0, slots, entry.reshape(tokens, 1, -1))
+
+    # The kernel rotates in float32 and rounds once; the bf16 torch path rounds each product, so near a
+    # cancellation the two differ by more than a rounding step: each must be as close to float32 as torch's.
+    (want, want_cache), (exact, exact_cache) = torch_path(torch.bfloat16), torch_path(torch.float32)
+    for kernel, torch_bf16, reference in ((got, want, exact), (cache, want_cache, exact_cache)):
+        assert kernel.dtype == torch_bf16.dtype and kernel.shape == torch_bf16.shape
+        kernel_error = (kernel.float() - reference).abs().max().item()
+        assert kernel_error <= (torch_bf16.float() - reference).abs().max().item() + 1e-6
