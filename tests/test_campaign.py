@@ -401,5 +401,5 @@ def test_dry_run_keeps_every_path_whole_at_80_columns(tmp_path: Path) -> None:
     assert f"campaign directory: {out}" in lines  # whole, on its own line
     assert max(len(line) for line in lines if str(out) not in line and "://" not in line) <= 80
     for server in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b32"):
-        whole = re.compile(rf"(^|\s)runs/{server}/mt-bench(,|$)")
+        whole = re.compile(rf"(^|\s)runs/{server}/mt-bench-thinking-off(,|$)")
         assert any(whole.search(line.rstrip()) for line in lines), result.output

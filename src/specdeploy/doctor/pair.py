@@ -416,8 +416,12 @@ def _recipe_pairing(recipe: Recipe) -> list[Finding]:
                 "pin both with `specdeploy lock`",
             )
         )
+    # the pair's known issues: the recipe's own, and what its target and DFlash drafter carry as notes
+    sources = [(f"recipe {recipe.name}", recipe.known_issues), (recipe.target.path, recipe.target.notes)]
+    if recipe.dflash is not None:
+        sources.append((recipe.dflash.path, recipe.dflash.notes))
     findings += [
-        Finding("info", "known-issue", issue, f"recipe {recipe.name}", "-") for issue in recipe.known_issues
+        Finding("info", "known-issue", issue, where, "-") for where, issues in sources for issue in issues
     ]
     return findings
 
