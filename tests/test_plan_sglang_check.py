@@ -113,3 +113,28 @@ def test_ddtree_argv_is_checked_as_dflash_without_the_prs_flags():
     assert "--speculative-ddtree-budget" not in argv
     assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
     assert len(argv) == len(plan.server_args) - 2
+
+
+@_marked
+def test_up_dry_run_stops_at_sglangs_refusal(tmp_path: Path, monkeypatch):
+    """`up` runs the same validation in its preflight: SGLang's refusal is a failed check, nothing launches."""
+    from deploy_helpers import recorded_nvidia_smi
+
+    from specdeploy.deploy import deployment
+    from specdeploy.deploy.hardware import detect_with_nvidia_smi
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        deployment, "detect_hardware", lambda: detect_with_nvidia_smi(recorded_nvidia_smi("rtx-pro-6000-x8"))
+    )
+    text = (Path(__file__).parents[1] / "src/specdeploy/recipes/pairs/kimi-k2.6.toml").read_text()
+    recipe = tmp_path / "kimi-short-window.toml"
+    recipe.write_text(text.replace("draft_window_size = 4096", "draft_window_size = 4"))
+    result = CliRunner().invoke(
+        app, ["up", str(recipe), "--hardware", "rtx-pro-6000-x8", "--dry-run", "--launcher", "local"]
+    )
+    assert isinstance(result.exception, SpecdeployError)
+    assert "check(s) failed (sglang start-up" in str(result.exception)
+    output = " ".join(result.output.split())
+    assert "SGLang 0.5.23 start-up validation refused" in output and "window_size=4, block_size=8" in output
+    assert not (tmp_path / "runs").exists()
