@@ -11,6 +11,7 @@ from specdeploy.plan import sglang_args
 from specdeploy.plan.backends import choose_attention
 from specdeploy.plan.ddtree import ddtree_facts
 from specdeploy.plan.engines import reference_engine, sglang_ddtree_build, sglang_release
+from specdeploy.plan.headroom import sglang_reserve
 from specdeploy.plan.launch_plan import (
     REFERENCE_LAUNCH,
     SGLANG_LAUNCH,
@@ -21,7 +22,7 @@ from specdeploy.plan.launch_plan import (
     Reason,
 )
 from specdeploy.plan.locking import locked_recipe
-from specdeploy.plan.memory import REFERENCE_DTYPE_FACTOR, Workload, budget_memory, gib
+from specdeploy.plan.memory import MIB, REFERENCE_DTYPE_FACTOR, Workload, budget_memory, gib
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
@@ -122,11 +123,17 @@ def make_plan(
                 f"in fp8 {running}; SGLang 0.5.23's {attention.target} kernels read an fp8 KV cache "
                 f"({FP8_KV_BACKENDS[attention.target]}); fp8 KV can cost some acceptance: the smoke test reports tau",
             )
+    if not reference:
+        reserve = sglang_reserve(hardware.memory_mib, tp_size, running, recipe.target.attention == "mla")
+        memory = memory.model_copy(
+            update={"sglang_reserve": int(reserve.total * MIB), "prefill_chunk_tokens": reserve.chunk_tokens}
+        )
     one_node = _one_node_fits(recipe, hardware, drafter, nnodes, tp_size, workload)
     warnings = _warnings(recipe, hardware, mode, fixed, full_tree, drafter, tp_size, total_gpus, nnodes)
     warnings += [one_node] if one_node else []
     warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
+    warnings += _headroom_warnings(memory, running)
     if reference:
         argv = _reference_argv(recipe, hardware, mode, budget, drafter, port, running, context)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
@@ -435,6 +442,25 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
         f"the KV cache holds {memory.kv_tokens_fit} tokens per GPU ({gib(memory.kv_budget_per_gpu)}): only "
         f"{memory.full_length_requests} of the {running} running requests can reach the full "
         f"--context-length {context} at once; SGLang queues or retracts the rest"
+    ]
+
+
+def _headroom_warnings(memory: MemoryTable, running: int) -> list[str]:
+    """A warning when the plan leaves less outside the static pool than SGLang keeps there for itself."""
+    if memory.sglang_reserve == 0 or memory.headroom >= memory.sglang_reserve:
+        return []
+    gpu = memory.gpu_memory
+    own = round((gpu - memory.sglang_reserve) / gpu, 3)  # SGLang's own choice (memory_hook.py:324-328)
+    held = memory.weights_per_gpu + memory.drafter_per_gpu + memory.recurrent_state_per_gpu
+    own_tokens = max(0, int(gpu * own) - held) // memory.kv_bytes_per_token
+    return [
+        f"--mem-fraction-static {memory.mem_fraction_static:.2f} leaves {gib(memory.headroom)} per GPU outside "
+        f"the static pool, less than the {gib(memory.sglang_reserve)} SGLang 0.5.23 keeps there itself at a "
+        f"decode batch of {running} and its {memory.prefill_chunk_tokens}-token prefill chunk (memory_hook.py:"
+        "305-313: 1.5 MiB of activations per chunk token, and the CUDA graphs): "
+        "CUDA-graph capture or a full prefill chunk may run out of memory; if the server log shows CUDA out of "
+        f"memory, launch the --format sh rendering with SGLang's own --mem-fraction-static {own:.3f} (a KV pool "
+        f"of {own_tokens:,} tokens per GPU instead of {memory.kv_tokens_fit:,}) or a smaller --chunked-prefill-size"
     ]
 
 

@@ -68,8 +68,10 @@ def server_args(
     reasons = [
         Reason(
             choice=f"--mem-fraction-static {memory.mem_fraction_static:.2f}",
-            why=f"weights + KV pool share of each GPU; leaves {gib(memory.cuda_graph_reserve)} for CUDA graphs "
-            f"and {gib(memory.activation_reserve)} for the runtime and prefill activations (estimates)",
+            why=f"weights + KV pool share of each GPU; leaves {gib(memory.headroom)} outside it: "
+            f"{gib(memory.cuda_graph_reserve)} for CUDA graphs and {gib(memory.activation_reserve)} for the "
+            "runtime and prefill activations (estimates); SGLang 0.5.23 itself would keep "
+            f"{gib(memory.sglang_reserve)} at this batch and its {memory.prefill_chunk_tokens}-token prefill chunk",
         ),
         Reason(
             choice=f"--context-length {context}",
