@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specdeploy.api_key import API_KEY_ENV
 from specdeploy.errors import SpecdeployError
@@ -46,6 +47,16 @@ FP8_KV_BACKENDS = {
 }
 
 
+@dataclass(frozen=True)
+class WorkingContext:
+    """Tokens a typical request holds at its longest (prompt + output), and whose figure that is."""
+
+    tokens: int
+    source: (
+        str  # completes "N requests at ...", e.g. "the working context of the campaign's random workloads"
+    )
+
+
 def make_plan(
     recipe: Recipe | str,
     hardware: HardwareProfile | str,
@@ -59,12 +70,15 @@ def make_plan(
     port: int = DEFAULT_PORT,
     lock: LockFile | None = None,
     api_key: bool = False,
+    working_context: WorkingContext | None = None,
 ) -> LaunchPlan:
     """Decide everything about one launch; raise SpecdeployError for combinations that cannot work.
 
     Names are resolved through the shipped recipe data (the only read it does); objects are used as given.
     `lock` pins the checkpoints, the image and the DDTree build (refused when it drifted from the recipe);
     `api_key`: the server requires the key it finds in $SPECDEPLOY_API_KEY at launch.
+    `working_context`: what the requests will hold, where the caller knows it (a campaign's random workloads);
+    it replaces the recipe's working_context_length in sizing --max-running-requests from the KV pool.
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     hardware = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -108,14 +122,17 @@ def make_plan(
     running_why, kv_reason = None, None
     attention = None if reference else choose_attention(recipe, hardware, mode, full_tree, attention_backend)
     if max_running_requests is None and not reference and recipe.working_context_length is not None:
+        working = working_context or WorkingContext(
+            recipe.working_context_length, "the recipe's working context"
+        )
         running, memory, running_why = _running_from_memory(
-            recipe, hardware, drafter, tp_size, context, workload
+            recipe, hardware, drafter, tp_size, context, workload, working
         )
         if running < FP8_KV_BELOW_REQUESTS and attention.target in FP8_KV_BACKENDS:
             bf16_running = running
             kv_fp8 = True
             running, memory, running_why = _running_from_memory(
-                recipe, hardware, drafter, tp_size, context, workload
+                recipe, hardware, drafter, tp_size, context, workload, working
             )
             kv_reason = Reason(
                 choice=f"--kv-cache-dtype {FP8_KV_DTYPE}",
@@ -287,10 +304,11 @@ def _running_from_memory(
     tp: int,
     context: int,
     workload: Callable[..., Workload],
+    working_context: WorkingContext,
 ) -> tuple[int, MemoryTable, str]:
-    """The most requests of the recipe's working context the KV pool holds at once, capped, with its memory
-    table and the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
-    working = min(recipe.working_context_length or context, context)
+    """The most requests of the working context the KV pool holds at once, capped, with its memory table and
+    the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
+    working = min(working_context.tokens, context)
     # The most the pool could hold: with the CUDA graphs of a single request
     largest = budget_memory(recipe.target, drafter, hardware, workload(tp, 1), recipe.name)
     requests = max(1, min(MAX_DERIVED_RUNNING, largest.kv_tokens_fit // working))
@@ -302,8 +320,8 @@ def _running_from_memory(
         requests = max(1, held)
     cap = f" (capped at {MAX_DERIVED_RUNNING})" if requests == MAX_DERIVED_RUNNING else ""
     why = (
-        f"the KV pool holds {memory.kv_tokens_fit:,} tokens per GPU: {requests} requests{cap} at the recipe's "
-        f"working context of {working} tokens (prompt + output) beside their CUDA graphs; "
+        f"the KV pool holds {memory.kv_tokens_fit:,} tokens per GPU: {requests} requests{cap} at "
+        f"{working_context.source}, {working} tokens (prompt + output), beside their CUDA graphs; "
         f"{memory.full_length_requests} at the full --context-length {context}"
     )
     return requests, memory, why
