@@ -25,7 +25,8 @@ from specdeploy.deploy.deployment import Deployment
 from specdeploy.deploy.launchers import LaunchHandle
 from specdeploy.deploy.manifest import DeploymentRecord
 from specdeploy.errors import SpecdeployError
-from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.plan import make_plan
+from specdeploy.plan.launch_plan import LaunchPlan, MemoryTable
 
 GAP = 0.005  # long enough that a loaded machine's scheduling jitter cannot hide the 2x of 2 tokens per chunk
 SERVERS = ["tp1-ar", "tp1-dflash", "tp1-ddtree-b8", "tp1-ddtree-b16"]
@@ -403,3 +404,48 @@ def test_dry_run_keeps_every_path_whole_at_80_columns(tmp_path: Path) -> None:
     for server in ("tp8-ar", "tp8-dflash", "tp8-ddtree-b32"):
         whole = re.compile(rf"(^|\s)runs/{server}/mt-bench-thinking-off(,|$)")
         assert any(whole.search(line.rstrip()) for line in lines), result.output
+
+
+def kimi_campaign(datasets: list[str], **bench: int) -> CampaignSpec:
+    return CampaignSpec(
+        name="kimi-working-context",
+        recipe="kimi-k2.6",
+        hardware="rtx-pro-6000-x8",
+        modes=["ar", "dflash"],
+        datasets=datasets,
+        num_prompts=8,
+        thinking=["off"],
+        bench=bench,
+    )
+
+
+def running_and_reason(campaign: CampaignSpec) -> tuple[int, MemoryTable, str]:
+    plan = server_configs(campaign)[1].plan
+    running = int(plan.argv[plan.argv.index("--max-running-requests") + 1])
+    return running, plan.memory, next(r.why for r in plan.reasons if r.choice.startswith("--max-running"))
+
+
+def test_random_workloads_size_the_servers_concurrency_by_their_own_lengths() -> None:
+    # 1024 prompt + 512 output tokens: 1536 per request, against the recipe's 8192
+    running, memory, why = running_and_reason(
+        kimi_campaign(["random"], random_input_len=1024, random_output_len=512)
+    )
+    recipe_plan = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash")
+    recipe_running = int(recipe_plan.argv[recipe_plan.argv.index("--max-running-requests") + 1])
+    assert "the working context of the campaign's random workloads, 1536 tokens" in why
+    assert memory.kv_tokens_fit // 1536 >= running > recipe_running
+
+
+def test_datasets_keep_the_recipes_working_context_and_say_so() -> None:
+    running, _, why = running_and_reason(kimi_campaign(["gsm8k", "humaneval"]))
+    assert "the recipe's working context (the campaign's gsm8k, humaneval fix no lengths), 8192 tokens" in why
+    recipe_plan = make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash")
+    assert running == int(recipe_plan.argv[recipe_plan.argv.index("--max-running-requests") + 1])
+
+
+def test_long_random_workloads_beside_a_dataset_size_by_the_longer() -> None:
+    running, memory, why = running_and_reason(
+        kimi_campaign(["gsm8k", "random"], random_input_len=15000, random_output_len=1000)
+    )
+    assert "the campaign's random workloads (longer than gsm8k may be), 16000 tokens" in why
+    assert memory.kv_tokens_fit // 16000 >= running

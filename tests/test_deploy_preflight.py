@@ -21,6 +21,7 @@ from specdeploy.deploy.preflight import (
     check_repo_access,
     run_preflight,
 )
+from specdeploy.deploy.sglang_check import SglangVerdict
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import ModelRef
 
@@ -341,3 +342,46 @@ def test_gpu_held_by_another_process():
         update={"memory": make_plan().memory.model_copy(update={"mem_fraction_static": None})}
     )
     assert check_gpus_idle(lenient, busy).status is Status.WARN
+
+
+def checked_by(verdict=None, error=None):
+    """A stand-in for SGLang's start-up validation: records the plans it saw, answers as told."""
+    seen = []
+
+    def check(plan):
+        seen.append(plan)
+        if error:
+            raise error
+        return verdict
+
+    check.seen = seen
+    return check
+
+
+# SGLang's own words for a DFLASH plan with pipeline parallelism (speculative_hook.py, _handle_dflash)
+REFUSAL = "ValueError: DFLASH speculative decoding only supports pp_size == 1."
+
+
+@pytest.mark.parametrize(
+    ("check", "status", "words"),
+    [
+        (checked_by(SglangVerdict(accepted=True, message="max_running_requests 37")), Status.OK, "accepted"),
+        (checked_by(SglangVerdict(accepted=False, message=REFUSAL)), Status.FAIL, REFUSAL),
+        (checked_by(None), Status.WARN, "skipped: SGLang not importable here"),
+        (checked_by(error=SpecdeployError("exit 1: no module torch")), Status.WARN, "no module torch"),
+    ],
+)
+def test_sglang_start_up_check(check, status, words):
+    plan = make_plan("cpu", models=[])
+    report = run_preflight(plan, None, "local", run=answers("0.5.23\n"), startup_check=check)
+    result = {c.name: c for c in report.checks}["sglang start-up"]
+    assert check.seen == [plan]
+    assert result.status is status and words in result.message
+
+
+def test_sglang_start_up_check_leaves_reference_plans_alone():
+    check = checked_by(None)
+    report = run_preflight(
+        make_plan("cpu", models=[], engine="reference"), None, "reference", startup_check=check
+    )
+    assert "sglang start-up" not in statuses(report) and check.seen == []

@@ -241,3 +241,21 @@ def test_fp8_kv_where_the_pool_binds_and_the_backend_reads_it():
         flag(make_plan("kimi-k2.6", "rtx-pro-6000-x8", "dflash", max_running_requests=8), "--kv-cache-dtype")
         is None
     )
+
+
+@pytest.mark.parametrize(("recipe", "hardware"), [("kimi-k2.6", "rtx-pro-6000-x8"), ("qwen3-8b", "h200-x1")])
+def test_dflash_plans_say_how_they_schedule_and_verify(recipe, hardware):
+    """Overlap scheduling and sampled verification are decided and said, though both keep SGLang's default."""
+    plan = make_plan(recipe, hardware, "dflash")
+    reasons = {r.choice: r.why for r in plan.reasons}
+    overlap = reasons["overlap scheduling on (SGLang's default: no --disable-overlap-schedule)"]
+    assert "return_hidden_states" in overlap and "--disable-overlap-schedule" not in plan.argv
+    sampling = reasons["no --speculative-use-rejection-sampling, no --speculative-use-block-verification"]
+    assert load_recipe(recipe).dflash.path in sampling and "EAGLE-family path" in sampling
+    assert not {"--speculative-use-rejection-sampling", "--speculative-use-block-verification"} & set(plan.argv)
+
+
+@pytest.mark.parametrize("mode", ["ar", "eagle3", "ddtree"])
+def test_only_dflash_plans_carry_the_dflash_scheduling_reasons(mode):
+    plan = make_plan("kimi-k2.6", "b200-x8", mode, budget=32 if mode == "ddtree" else None)
+    assert not any(r.choice.startswith("overlap scheduling") for r in plan.reasons)

@@ -44,7 +44,7 @@ def _up_plan_json(args: list[str], monkeypatch) -> dict:
     """The plan `up --dry-run` would deploy, as `plan --format json` renders it."""
     seen = []
 
-    def preview(plan, launcher, run_dir, hardware=None):
+    def preview(plan, launcher, run_dir, hardware=None, startup_check=None):
         seen.append(plan)
         return SimpleNamespace(preflight=SimpleNamespace(failures=[]))
 

@@ -24,6 +24,7 @@ from specdeploy.campaign.spec import CampaignSpec
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan import make_plan
 from specdeploy.plan.launch_plan import LaunchPlan
+from specdeploy.plan.make import WorkingContext
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.thinking import Thinking, recipe_thinking, with_thinking
@@ -82,6 +83,7 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
     `lock`: the campaign's lock file, which pins every plan (and refuses a drifted one).
     """
     _check_thinking(spec)
+    working = working_context(spec)
     configs = []
     for tp in spec.tp_sizes:
         for mode in ["ar", *(m for m in spec.modes if m != "ar")]:
@@ -98,6 +100,7 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
                         max_running_requests=spec.max_running_requests,
                         lock=lock,
                         api_key=spec.api_key,
+                        working_context=working,
                         **overrides,
                     )
                 except SpecdeployError as exc:
@@ -116,6 +119,24 @@ def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[Cam
             "same TP for two tp values; list distinct tp sizes the hardware supports"
         )
     return configs
+
+
+def working_context(spec: CampaignSpec) -> WorkingContext | None:
+    """What the campaign's requests hold at their longest, for the plan's concurrency sizing: random workloads
+    fix their prompt and output lengths; a dataset's prompts vary, so the recipe's figure stands in for them.
+    None where the recipe sizes no concurrency from a working context."""
+    recipe_tokens = load_recipe(spec.recipe).working_context_length
+    if recipe_tokens is None:
+        return None
+    random_tokens = spec.bench.random_input_len + spec.bench.random_output_len
+    if spec.datasets == ["random"]:
+        return WorkingContext(random_tokens, "the working context of the campaign's random workloads")
+    named = ", ".join(d for d in spec.datasets if d != "random")
+    if "random" in spec.datasets and random_tokens > recipe_tokens:
+        return WorkingContext(random_tokens, f"the campaign's random workloads (longer than {named} may be)")
+    return WorkingContext(
+        recipe_tokens, f"the recipe's working context (the campaign's {named} fix no lengths)"
+    )
 
 
 def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[BenchRun]:

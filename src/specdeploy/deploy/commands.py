@@ -32,9 +32,11 @@ from specdeploy.deploy.render import (
     print_smoke,
     print_status,
 )
+from specdeploy.deploy.sglang_check import startup_check
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import LaunchPlan
-from specdeploy.recipes.loader import list_hardware, load_hardware
+from specdeploy.recipes.loader import list_hardware, load_hardware, load_recipe
+from specdeploy.recipes.schema import HardwareProfile
 
 RunDirArgument = Annotated[
     Path | None, typer.Argument(help="Run directory of the deployment (default: the newest `up`).")
@@ -43,9 +45,9 @@ RunDirArgument = Annotated[
 
 def _plan_for(
     recipe: str, hardware: str, overrides: PlanOverrides
-) -> tuple[LaunchPlan, DetectedHardware | None]:
-    """`plan`'s plan for these options (under the recipe's lock, if any), and the detected hardware when
-    `auto` had to look."""
+) -> tuple[LaunchPlan, HardwareProfile, DetectedHardware | None]:
+    """`plan`'s plan for these options (under the recipe's lock, if any), its profile, and the detected
+    hardware when `auto` had to look."""
     detected = None
     if hardware == "auto":
         detected = detect_hardware()
@@ -53,7 +55,7 @@ def _plan_for(
     else:
         profile = load_hardware(hardware)
     try:
-        return plan_with(recipe, profile, overrides), detected
+        return plan_with(recipe, profile, overrides), profile, detected
     except SpecdeployError as exc:
         if detected is None or detected.gpus:
             raise
@@ -86,13 +88,14 @@ def up(
 
     Uses the recipe's lock file when there is one; a DDTree image is built once per host and reused."""
     console = Console()
-    plan, detected = _plan_for(recipe, hardware, overrides)
+    plan, profile, detected = _plan_for(recipe, hardware, overrides)
+    check = startup_check(load_recipe(recipe), profile) if plan.engine.name == "sglang" else None
     chosen = launcher or ("reference" if plan.engine.name == "reference" else "docker")
     if chosen not in LAUNCHERS:
         raise SpecdeployError(f"unknown launcher {chosen!r}: use one of {', '.join(LAUNCHERS)}")
     run_dir = run_dir or default_run_dir(plan, DEFAULT_RUNS_ROOT)
     if dry_run:
-        preview = preview_up(plan, chosen, run_dir, hardware=detected)
+        preview = preview_up(plan, chosen, run_dir, hardware=detected, startup_check=check)
         print_preview(console, plan, preview)
         failed = [check.name for check in preview.preflight.failures]
         if failed:
@@ -110,6 +113,7 @@ def up(
             health_timeout_s=health_timeout,
             smoke=smoke,
             show_preflight=lambda report: console.print(preflight_table(report)),
+            startup_check=check,
         )
     except ServerStartError as exc:
         # The CLI prints errors on one line: show the log tail first, as it was written.

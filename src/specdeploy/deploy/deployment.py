@@ -35,6 +35,7 @@ from specdeploy.deploy.manifest import (
 from specdeploy.deploy.orphans import release_lease, take_lease
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
 from specdeploy.deploy.processes import ProcessIdentity
+from specdeploy.deploy.sglang_check import StartupCheck
 from specdeploy.deploy.smoke import SmokeReport, compare_greedy, run_smoke_test
 from specdeploy.deploy.weights import fetch_model, model_location
 from specdeploy.errors import SpecdeployError
@@ -108,11 +109,12 @@ def preview_up(
     run_dir: Path,
     hardware: DetectedHardware | None = None,
     api: HfApi | None = None,
+    startup_check: StartupCheck | None = None,
 ) -> UpPreview:
     if needs_gpus(plan) and hardware is None:
         hardware = detect_hardware()
     return UpPreview(
-        preflight=run_preflight(plan, hardware, launcher, api=api),
+        preflight=run_preflight(plan, hardware, launcher, api=api, startup_check=startup_check),
         downloads=[
             f"{m.path}@{m.revision or 'main (unpinned)'} ({m.disk_bytes / 1e9:.1f} GB)"
             for m in plan.models
@@ -149,12 +151,14 @@ def deploy_up(
     show_preflight: Callable[[PreflightReport], None] | None = None,
     greedy_reference: GreedyReference | None = None,
     owner: ProcessIdentity | None = None,
+    startup_check: StartupCheck | None = None,
 ) -> Deployment:
     """Preflight, weights, launch, health wait, smoke test, manifest. Stops the server again on any failure.
 
     `show_preflight` sees the checks before anything is downloaded, whether they passed or not.
     `greedy_reference`: an AR server's smoke answers, which this server's greedy answers must reproduce.
     `owner`: the process that will stop the server (deploy/orphans.py stops it if that process is killed).
+    `startup_check`: SGLang's own start-up validation, run in the preflight (a refusal stops the deploy).
     """
     console = console or Console(stderr=True)
     # Absolute, so that the recorded log path works from any directory a later command runs in.
@@ -167,7 +171,7 @@ def deploy_up(
         )
     if needs_gpus(plan) and hardware is None:
         hardware = detect_hardware()
-    preflight = run_preflight(plan, hardware, launcher, api=api)
+    preflight = run_preflight(plan, hardware, launcher, api=api, startup_check=startup_check)
     if show_preflight is not None:
         show_preflight(preflight)
     preflight.raise_on_failure()

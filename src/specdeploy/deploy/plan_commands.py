@@ -12,7 +12,6 @@ import typer
 
 from specdeploy.deploy import hardware as detection
 from specdeploy.deploy.plan_options import PlanOverrides, plan_with, with_plan_options
-from specdeploy.plan.engines import SGLANG_VERSION
 from specdeploy.plan.render import RENDERERS, render_plan
 from specdeploy.plan.render.text import WIDTH
 from specdeploy.recipes.loader import list_hardware, list_recipes, load_hardware, load_recipe
@@ -51,12 +50,13 @@ def plan(
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
     typer.echo(render_plan(launch_plan, fmt, width), nl=False)
     if check:
-        from specdeploy.deploy.sglang_check import check_plan  # starts a child process: only when asked
+        from specdeploy.deploy.sglang_check import (  # a child process: only when asked
+            check_plan,
+            verdict_line,
+        )
 
         verdict = check_plan(launch_plan, load_recipe(recipe), profile)
-        said = "accepted" if verdict.accepted else "refused"
-        scope = " (without the DDTree PR's own flags, as DFLASH)" if launch_plan.mode == "ddtree" else ""
-        typer.echo(f"SGLang {SGLANG_VERSION} start-up validation{scope} {said}: {verdict.message}", err=True)
+        typer.echo(verdict_line(launch_plan, verdict), err=True)
         if not verdict.accepted:
             raise typer.Exit(1)
 

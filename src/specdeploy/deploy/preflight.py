@@ -22,6 +22,7 @@ from specdeploy.deploy.hardware import (
     run_command,
 )
 from specdeploy.deploy.launchers import LauncherName
+from specdeploy.deploy.sglang_check import StartupCheck, verdict_line
 from specdeploy.deploy.weights import cached_bytes, hub_cache_dir, model_location
 from specdeploy.errors import SpecdeployError
 from specdeploy.plan.launch_plan import GpuRequirement, LaunchPlan, ModelRef
@@ -274,6 +275,26 @@ def check_local_sglang(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
     return _ok("sglang", f"SGLang {found} for {python!r}, as planned")
 
 
+def check_sglang_startup(plan: LaunchPlan, startup_check: StartupCheck) -> CheckResult:
+    """SGLang's own start-up resolution and validation of the plan's argv, before any download or launch."""
+    name = "sglang start-up"
+    try:
+        verdict = startup_check(plan)
+    except SpecdeployError as exc:
+        # SGLang is importable but its resolution could not run here; the server runs the same check at launch.
+        return _warn(name, f"not verified: {exc}")
+    if verdict is None:
+        return _warn(
+            name,
+            "skipped: SGLang not importable here (./setup.sh installs it on Python 3.11); the server runs the "
+            "same validation when it starts",
+        )
+    line = verdict_line(plan, verdict)
+    if not verdict.accepted:
+        return _fail(name, f"{line}; the server would refuse to start: change the plan's overrides or recipe")
+    return _ok(name, line)
+
+
 def check_gpus_idle(plan: LaunchPlan, run: CommandRunner) -> CheckResult:
     """Memory another process holds (often a server from an earlier run) is missing from the plan's budget."""
     try:
@@ -334,9 +355,14 @@ def run_preflight(
     cache_dir: Path | None = None,
     disk_usage: DiskUsage = shutil.disk_usage,
     run: CommandRunner = run_command,
+    startup_check: StartupCheck | None = None,
 ) -> PreflightReport:
-    """All checks that apply to this plan and launcher; `hardware` is None when the plan needs no GPU."""
+    """All checks that apply to this plan and launcher; `hardware` is None when the plan needs no GPU.
+
+    `startup_check`: SGLang's own start-up validation of an SGLang plan (`up` passes one; None runs none)."""
     checks: list[CheckResult] = []
+    if startup_check is not None and plan.engine.name == "sglang":
+        checks.append(check_sglang_startup(plan, startup_check))
     if plan.gpus.gpu_model is not None:
         if hardware is None:
             raise SpecdeployError("preflight of a GPU plan needs the detected hardware")

@@ -22,9 +22,11 @@ Run in a child process: the stand-ins and the patched torch.cuda must not leak i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdeploy.errors import SpecdeployError
@@ -44,6 +46,10 @@ class SglangVerdict:
 
     accepted: bool
     message: str  # SGLang's own error text when refused; what it resolved when accepted
+
+
+# A plan's verdict, or None where SGLang is not importable here (up's preflight says so and goes on).
+StartupCheck = Callable[[LaunchPlan], SglangVerdict | None]
 
 
 def release_argv(plan: LaunchPlan) -> list[str]:
@@ -117,3 +123,24 @@ def run_checks(requests: list[dict], python: str = sys.executable) -> list[Sglan
 
 def check_plan(plan: LaunchPlan, recipe: Recipe, hardware: HardwareProfile) -> SglangVerdict:
     return run_checks([check_request(plan, recipe, hardware)])[0]
+
+
+def verdict_line(plan: LaunchPlan, verdict: SglangVerdict) -> str:
+    """SGLang's verdict as `plan --check` and `up`'s preflight print it."""
+    said = "accepted" if verdict.accepted else "refused"
+    scope = " (without the DDTree PR's own flags, as DFLASH)" if plan.mode == "ddtree" else ""
+    return f"SGLang {SGLANG_VERSION} start-up validation{scope} {said}: {verdict.message}"
+
+
+def sglang_importable() -> bool:
+    """Whether this interpreter (the one the check's child runs) has SGLang, without importing it."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+def startup_check(recipe: Recipe, hardware: HardwareProfile) -> StartupCheck:
+    """`up`'s preflight check of its plan: SGLang's verdict, or None where SGLang is not importable here."""
+
+    def check(plan: LaunchPlan) -> SglangVerdict | None:
+        return check_plan(plan, recipe, hardware) if sglang_importable() else None
+
+    return check

@@ -130,11 +130,14 @@ def _resolve(server_args: types.ModuleType, request: dict) -> dict:
         Exception
     ) as exc:  # SGLang raises ValueError, AssertionError, RuntimeError, ...: all are its verdict
         return {"accepted": False, "message": f"{type(exc).__name__}: {exc}"}
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    view = resolved_view(args)  # the record keeps what was given; resolution's values are declared over it
     resolved = {
-        "max_running_requests": args.max_running_requests,
-        "attention_backend": args.attention_backend,
-        "speculative_draft_attention_backend": args.speculative_draft_attention_backend,
-        "mem_fraction_static": args.mem_fraction_static,
+        "max_running_requests": view.max_running_requests,
+        "attention_backend": view.attention_backend,
+        "speculative_draft_attention_backend": view.speculative_draft_attention_backend,
+        "mem_fraction_static": view.mem_fraction_static,
     }
     return {"accepted": True, "message": ", ".join(f"{k} {v}" for k, v in resolved.items())}
 

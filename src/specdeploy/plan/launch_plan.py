@@ -90,6 +90,17 @@ class MemoryTable(_Frozen):
     kv_tokens_fit: int
     full_length_requests: int = 0  # requests of the full context length whose KV fits at once
     mem_fraction_static: float | None  # None for the reference engine, which has no static pool
+    # What SGLang 0.5.23 itself keeps outside the static pool at this plan's batch (plan/headroom.py), and
+    # the prefill chunk behind it; 0 for the reference engine
+    sglang_reserve: int = 0
+    prefill_chunk_tokens: int = 0
+
+    @property
+    def headroom(self) -> int:
+        """Bytes per GPU outside the static pool (weights + KV): CUDA graphs, activations, the runtime."""
+        if self.mem_fraction_static is None:
+            return 0
+        return self.gpu_memory - int(self.gpu_memory * self.mem_fraction_static)
 
 
 class Reason(_Frozen):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specdeploy.api_key import API_KEY_ENV
 from specdeploy.errors import SpecdeployError
@@ -11,6 +12,7 @@ from specdeploy.plan import sglang_args
 from specdeploy.plan.backends import choose_attention
 from specdeploy.plan.ddtree import ddtree_facts
 from specdeploy.plan.engines import reference_engine, sglang_ddtree_build, sglang_release
+from specdeploy.plan.headroom import sglang_reserve
 from specdeploy.plan.launch_plan import (
     REFERENCE_LAUNCH,
     SGLANG_LAUNCH,
@@ -21,7 +23,7 @@ from specdeploy.plan.launch_plan import (
     Reason,
 )
 from specdeploy.plan.locking import locked_recipe
-from specdeploy.plan.memory import REFERENCE_DTYPE_FACTOR, Workload, budget_memory, gib
+from specdeploy.plan.memory import MIB, REFERENCE_DTYPE_FACTOR, Workload, budget_memory, gib
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.lock import LockFile
 from specdeploy.recipes.schema import HardwareProfile, ModelFacts, Recipe
@@ -45,6 +47,16 @@ FP8_KV_BACKENDS = {
 }
 
 
+@dataclass(frozen=True)
+class WorkingContext:
+    """Tokens a typical request holds at its longest (prompt + output), and whose figure that is."""
+
+    tokens: int
+    source: (
+        str  # completes "N requests at ...", e.g. "the working context of the campaign's random workloads"
+    )
+
+
 def make_plan(
     recipe: Recipe | str,
     hardware: HardwareProfile | str,
@@ -58,12 +70,15 @@ def make_plan(
     port: int = DEFAULT_PORT,
     lock: LockFile | None = None,
     api_key: bool = False,
+    working_context: WorkingContext | None = None,
 ) -> LaunchPlan:
     """Decide everything about one launch; raise SpecdeployError for combinations that cannot work.
 
     Names are resolved through the shipped recipe data (the only read it does); objects are used as given.
     `lock` pins the checkpoints, the image and the DDTree build (refused when it drifted from the recipe);
     `api_key`: the server requires the key it finds in $SPECDEPLOY_API_KEY at launch.
+    `working_context`: what the requests will hold, where the caller knows it (a campaign's random workloads);
+    it replaces the recipe's working_context_length in sizing --max-running-requests from the KV pool.
     """
     recipe = load_recipe(recipe) if isinstance(recipe, str) else recipe
     hardware = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -107,14 +122,17 @@ def make_plan(
     running_why, kv_reason = None, None
     attention = None if reference else choose_attention(recipe, hardware, mode, full_tree, attention_backend)
     if max_running_requests is None and not reference and recipe.working_context_length is not None:
+        working = working_context or WorkingContext(
+            recipe.working_context_length, "the recipe's working context"
+        )
         running, memory, running_why = _running_from_memory(
-            recipe, hardware, drafter, tp_size, context, workload
+            recipe, hardware, drafter, tp_size, context, workload, working
         )
         if running < FP8_KV_BELOW_REQUESTS and attention.target in FP8_KV_BACKENDS:
             bf16_running = running
             kv_fp8 = True
             running, memory, running_why = _running_from_memory(
-                recipe, hardware, drafter, tp_size, context, workload
+                recipe, hardware, drafter, tp_size, context, workload, working
             )
             kv_reason = Reason(
                 choice=f"--kv-cache-dtype {FP8_KV_DTYPE}",
@@ -122,11 +140,17 @@ def make_plan(
                 f"in fp8 {running}; SGLang 0.5.23's {attention.target} kernels read an fp8 KV cache "
                 f"({FP8_KV_BACKENDS[attention.target]}); fp8 KV can cost some acceptance: the smoke test reports tau",
             )
+    if not reference:
+        reserve = sglang_reserve(hardware.memory_mib, tp_size, running, recipe.target.attention == "mla")
+        memory = memory.model_copy(
+            update={"sglang_reserve": int(reserve.total * MIB), "prefill_chunk_tokens": reserve.chunk_tokens}
+        )
     one_node = _one_node_fits(recipe, hardware, drafter, nnodes, tp_size, workload)
     warnings = _warnings(recipe, hardware, mode, fixed, full_tree, drafter, tp_size, total_gpus, nnodes)
     warnings += [one_node] if one_node else []
     warnings += _lock_warnings(recipe, mode, lock)
     warnings += _memory_warnings(memory, context, running)
+    warnings += _headroom_warnings(memory, running)
     if reference:
         argv = _reference_argv(recipe, hardware, mode, budget, drafter, port, running, context)
         engine, env, reasons = reference_engine(), {}, [tp_reason]
@@ -280,10 +304,11 @@ def _running_from_memory(
     tp: int,
     context: int,
     workload: Callable[..., Workload],
+    working_context: WorkingContext,
 ) -> tuple[int, MemoryTable, str]:
-    """The most requests of the recipe's working context the KV pool holds at once, capped, with its memory
-    table and the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
-    working = min(recipe.working_context_length or context, context)
+    """The most requests of the working context the KV pool holds at once, capped, with its memory table and
+    the reason; each request more also grows the CUDA-graph reserve, so it settles downwards."""
+    working = min(working_context.tokens, context)
     # The most the pool could hold: with the CUDA graphs of a single request
     largest = budget_memory(recipe.target, drafter, hardware, workload(tp, 1), recipe.name)
     requests = max(1, min(MAX_DERIVED_RUNNING, largest.kv_tokens_fit // working))
@@ -295,8 +320,8 @@ def _running_from_memory(
         requests = max(1, held)
     cap = f" (capped at {MAX_DERIVED_RUNNING})" if requests == MAX_DERIVED_RUNNING else ""
     why = (
-        f"the KV pool holds {memory.kv_tokens_fit:,} tokens per GPU: {requests} requests{cap} at the recipe's "
-        f"working context of {working} tokens (prompt + output) beside their CUDA graphs; "
+        f"the KV pool holds {memory.kv_tokens_fit:,} tokens per GPU: {requests} requests{cap} at "
+        f"{working_context.source}, {working} tokens (prompt + output), beside their CUDA graphs; "
         f"{memory.full_length_requests} at the full --context-length {context}"
     )
     return requests, memory, why
@@ -435,6 +460,25 @@ def _memory_warnings(memory: MemoryTable, context: int, running: int) -> list[st
         f"the KV cache holds {memory.kv_tokens_fit} tokens per GPU ({gib(memory.kv_budget_per_gpu)}): only "
         f"{memory.full_length_requests} of the {running} running requests can reach the full "
         f"--context-length {context} at once; SGLang queues or retracts the rest"
+    ]
+
+
+def _headroom_warnings(memory: MemoryTable, running: int) -> list[str]:
+    """A warning when the plan leaves less outside the static pool than SGLang keeps there for itself."""
+    if memory.sglang_reserve == 0 or memory.headroom >= memory.sglang_reserve:
+        return []
+    gpu = memory.gpu_memory
+    own = round((gpu - memory.sglang_reserve) / gpu, 3)  # SGLang's own choice (memory_hook.py:324-328)
+    held = memory.weights_per_gpu + memory.drafter_per_gpu + memory.recurrent_state_per_gpu
+    own_tokens = max(0, int(gpu * own) - held) // memory.kv_bytes_per_token
+    return [
+        f"--mem-fraction-static {memory.mem_fraction_static:.2f} leaves {gib(memory.headroom)} per GPU outside "
+        f"the static pool, less than the {gib(memory.sglang_reserve)} SGLang 0.5.23 keeps there itself at a "
+        f"decode batch of {running} and its {memory.prefill_chunk_tokens}-token prefill chunk (memory_hook.py:"
+        "305-313: 1.5 MiB of activations per chunk token, and the CUDA graphs): "
+        "CUDA-graph capture or a full prefill chunk may run out of memory; if the server log shows CUDA out of "
+        f"memory, launch the --format sh rendering with SGLang's own --mem-fraction-static {own:.3f} (a KV pool "
+        f"of {own_tokens:,} tokens per GPU instead of {memory.kv_tokens_fit:,}) or a smaller --chunked-prefill-size"
     ]
 
 

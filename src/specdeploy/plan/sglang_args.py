@@ -68,8 +68,10 @@ def server_args(
     reasons = [
         Reason(
             choice=f"--mem-fraction-static {memory.mem_fraction_static:.2f}",
-            why=f"weights + KV pool share of each GPU; leaves {gib(memory.cuda_graph_reserve)} for CUDA graphs "
-            f"and {gib(memory.activation_reserve)} for the runtime and prefill activations (estimates)",
+            why=f"weights + KV pool share of each GPU; leaves {gib(memory.headroom)} outside it: "
+            f"{gib(memory.cuda_graph_reserve)} for CUDA graphs and {gib(memory.activation_reserve)} for the "
+            "runtime and prefill activations (estimates); SGLang 0.5.23 itself would keep "
+            f"{gib(memory.sglang_reserve)} at this batch and its {memory.prefill_chunk_tokens}-token prefill chunk",
         ),
         Reason(
             choice=f"--context-length {context}",
@@ -176,7 +178,34 @@ def _dflash_args(
                 "prompts (SGLang 0.5.23 name of the older --speculative-dflash-draft-window-size)",
             )
         )
+    if mode != "ddtree":
+        reasons += _dflash_scheduling_reasons(drafter)
     return argv, reasons
+
+
+def _dflash_scheduling_reasons(drafter: DFlashDrafterFacts) -> list[Reason]:
+    """SGLang 0.5.23's DFLASH scheduling and verification options, decided and said even where the plan
+    keeps SGLang's default (flags: sglang/srt/arg_groups/fields/schedule.py:193, fields/spec.py:117-124)."""
+    return [
+        Reason(
+            choice="overlap scheduling on (SGLang's default: no --disable-overlap-schedule)",
+            # dflash_worker_v2.py:381 runs both ways; speculative_hook.py:66-75 turns it off only on CPU
+            why="DFLASH runs SGLang's spec-v2 worker, which schedules the next step on the CPU while the GPU "
+            "drafts and verifies this one; the one thing it refuses is a request asking for "
+            "return_hidden_states (dflash_utils.py:1108-1110), which bench never sends",
+        ),
+        Reason(
+            choice="no --speculative-use-rejection-sampling, no --speculative-use-block-verification",
+            # The refusal at speculative_hook.py:1210-1221 sits in the EAGLE-family handler; only EAGLE workers read
+            # the flag (eagle_worker_v2.py, spec_utils.py:209). dflash_worker_v2.py:491-506 warns that block
+            # verification does nothing for greedy proposals; sampled verify: dflash_utils.py:906-1012.
+            why="SGLang 0.5.23's rejection sampling is an EAGLE-family path: the DFLASH worker never reads the "
+            "flag, so it would be accepted and ignored; block verification changes nothing for "
+            f"{drafter.path}, which proposes each block greedily: sampled requests are verified token by token "
+            "against the target's own distribution (target-only speculative sampling), which is lossless for "
+            "greedy proposals",
+        ),
+    ]
 
 
 def _eagle3_args(drafter: Eagle3DrafterFacts) -> tuple[list[str], list[Reason]]:

@@ -92,6 +92,11 @@ def _memory(plan: LaunchPlan, width: int) -> list[str]:
         lines += _wrap(
             f"--mem-fraction-static {m.mem_fraction_static:.2f}: weights and KV cache share of the GPU", width
         )
+        lines += _wrap(
+            f"headroom outside it: {gib(m.headroom)}; SGLang 0.5.23 keeps {gib(m.sglang_reserve)} there itself "
+            f"(its {m.prefill_chunk_tokens}-token prefill chunk, this decode batch)",
+            width,
+        )
     lines += _wrap(f"requests that can hold the full context at once: {m.full_length_requests}", width)
     return lines
 
