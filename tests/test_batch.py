@@ -95,7 +95,7 @@ def test_a_cancelled_request_leaves_and_the_others_are_unaffected(pairs):
     got = run(engine, [(0, p, q) for p, q in zip(PROMPTS, params, strict=True)], cancel_id=2)
     assert len(got["outputs"][2]) < LENGTHS[1]  # cut short
     assert [got["outputs"][i] for i in (1, 3, 4, 5, 6)] == [single[i] for i in (0, 2, 3, 4, 5)]
-    assert engine.idle and engine.shared.active == 0
+    assert engine.idle and engine.runner.active == 0
 
 
 def test_seeded_samples_under_batching_equal_single_requests(pairs):
@@ -163,7 +163,7 @@ def test_requests_that_cannot_fit_are_refused(pairs):
         engine.submit([], SamplingParams())
     with pytest.raises(SpecdeployError, match="at least 1"):
         BatchEngine(target, drafter, "dflash", None, max_running=0, max_context=32)
-    assert torch.is_tensor(engine.shared.prefix)
+    assert torch.is_tensor(engine.runner.prefix)
 
 
 def step_cost(seconds, budgets: list[int], rows: list[int]):
@@ -393,8 +393,8 @@ def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pai
     got = run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
     assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
     with pytest.raises(SpecdeployError, match="no sequence runs"):
-        engine.shared.begin([1, 2], SamplingParams(), None)
-        engine.shared.dead_step(1, 2)
+        engine.runner.begin([1, 2], SamplingParams(), None)
+        engine.runner.dead_step(1, 2)
 
 
 def test_dead_steps_at_every_bucket_window_and_budget_leave_no_trace(pairs):
@@ -402,7 +402,7 @@ def test_dead_steps_at_every_bucket_window_and_budget_leave_no_trace(pairs):
     eagerly here: every shape works, and the outputs afterwards still equal the single-request ones."""
     target, drafter = pairs["qwen3"]
     engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, pad_rows=True)
-    runner = engine.shared
+    runner = engine.runner
     assert runner.row_buckets() == [1, 2, 4] and runner.windows()[-1] == runner.cache.capacity
     for rows in runner.row_buckets():
         for window in runner.windows():
@@ -451,4 +451,4 @@ def test_a_request_failing_on_its_own_leaves_with_its_error_and_the_others_are_u
         assert iteration < 1000
     assert list(errors) == [2] and "overflow" in errors[2] and outputs[2] == []
     assert [outputs[1], outputs[3], outputs[4]] == single
-    assert engine.idle and engine.shared.active == 0 and engine.prefilling is None
+    assert engine.idle and engine.runner.active == 0 and engine.prefilling is None

@@ -8,8 +8,7 @@ Design. Each iteration does two things, as SGLang's chunked prefill does:
    per request, one target forward over all their trees); each request then commits its own path.
 Requests that finish (stop token, length, cancellation) leave between iterations. A request that fails on
 its own (its admission or prefill raises) leaves with an error event and the others go on; only a failure
-of the batched step itself, which no single request can be blamed for, ends the iteration with an exception. A target with recurrent
-layers runs one runner per request (its exact per-node states are read on the host), stepped in turn.
+of the batched step itself, which no single request can be blamed for, ends the iteration with an exception.
 With an adaptive budget (`BudgetPolicy`), every iteration picks the DDTree budget for the batch from the
 number of running requests (0: an AR step), and each drafting step's trees predict the acceptance of every
 budget the policy may pick.
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdeploy.engine.budget import BudgetPolicy, CostCurve, StepCost, measure_step_cost
+from specdeploy.engine.budget import BudgetPolicy, measure_step_cost
 from specdeploy.engine.decode import Step, StopRules
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import StepRunner
@@ -39,7 +38,6 @@ class Request:
     params: SamplingParams
     id: int = 0
     rules: StopRules | None = None
-    runner: StepRunner | None = None
     budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step
     predicted: list[float] = field(default_factory=list)  # tokens predicted per step (adaptive budget)
     finished: bool = False
@@ -83,36 +81,20 @@ class BatchEngine:
         self._ids = itertools.count(1)
         self.waiting: deque[Request] = deque()
         self.prefilling: Request | None = None
-        self.running: list[Request] = []  # attention targets: the request in each row of the shared runner
-        self.per_request = target.has_recurrent_layers
-        self._runner_options = {"cuda_graphs": cuda_graphs, "pad_rows": pad_rows}
-        self.shared = None if self.per_request else self._make_runner(max_running)
-        if self.shared is not None:
-            self.shared.reserve(max_context)
+        self.running: list[Request] = []  # the request in each row of the runner
+        self.runner = StepRunner(
+            target, drafter, mode, budget, rows=max_running, cuda_graphs=cuda_graphs, pad_rows=pad_rows
+        )
+        if policy is not None and policy.drafting:
+            self.runner.predict_acceptance(policy.drafting)
+        self.runner.reserve(max_context)
         budgets = policy.budgets if policy is not None else [budget]
         started = time.perf_counter()
         # Every graph a greedy step can need, captured now rather than inside the first requests' steps.
-        self.graphs_captured = self.shared.capture(budgets) if self.shared is not None else 0
+        self.graphs_captured = self.runner.capture(budgets)
         if policy is not None and policy.cost is None:
-            policy.cost = self._measure_step_cost(policy.budgets)
+            policy.cost = measure_step_cost(self.runner, policy.budgets)
         self.startup_s = time.perf_counter() - started
-
-    def _make_runner(self, rows: int) -> StepRunner:
-        runner = StepRunner(
-            self.target, self.drafter, self.mode, self.budget, rows=rows, **self._runner_options
-        )
-        if self.policy is not None and self.policy.drafting:
-            runner.predict_acceptance(self.policy.drafting)
-        return runner
-
-    def _measure_step_cost(self, budgets: list[int]) -> StepCost:
-        if self.shared is not None:
-            return measure_step_cost(self.shared, budgets)
-        runner = self._make_runner(1)  # recurrent targets: one runner per request, stepped in turn
-        runner.reserve(self.max_context)
-        one = measure_step_cost(runner, budgets)
-        return StepCost({b: CostCurve({1: one(1, b), self.max_running: self.max_running * one(1, b)})
-                         for b in budgets})  # fmt: skip
 
     @property
     def num_running(self) -> int:
@@ -169,7 +151,7 @@ class BatchEngine:
                     events.append(self._fail(request, exc))
                     continue
             request = self.prefilling
-            runner = request.runner
+            runner = self.runner
             chunk = min(self.prefill_tokens - spent, runner.prefill_remaining)
             try:
                 first = runner.prefill(chunk)
@@ -187,21 +169,17 @@ class BatchEngine:
     def _fail(self, request: Request, exc: Exception) -> Event:
         """End a request that failed before it ran: its prefill (if begun) is dropped, its row stays free."""
         if self.prefilling is request:
-            request.runner.abandon()
+            self.runner.abandon()
             self.prefilling = None
         request.finished = True
         return Event(request, None, f"{type(exc).__name__}: {exc}")
 
     def _begin(self, request: Request) -> None:
-        runner = self._make_runner(1) if self.per_request else self.shared
-        if self.per_request:
-            runner.reserve(self.max_context)
         params = request.params
         uniforms = None
         if not params.greedy:
-            uniforms = UniformStream(params.max_new_tokens + runner.block + 2, params.seed, self.device)
-        runner.begin(request.prompt_ids, params, uniforms)
-        request.runner = runner
+            uniforms = UniformStream(params.max_new_tokens + self.runner.block + 2, params.seed, self.device)
+        self.runner.begin(request.prompt_ids, params, uniforms)
         self.prefilling = request
 
     # ---------------------------------------------------------------------------------------- decode
@@ -209,13 +187,8 @@ class BatchEngine:
     def _step(self, budget: int | None) -> list[Event]:
         events = []
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
-        if self.per_request:
-            results = [request.runner.step(budget)[0] for request in self.running]
-            predictions = [request.runner.expected for request in self.running]
-            expected = None if None in predictions else [rows[0] for rows in predictions]
-        else:
-            results = self.shared.step(budget)
-            expected = self.shared.expected
+        results = self.runner.step(budget)
+        expected = self.runner.expected
         seconds = time.perf_counter() - started
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
@@ -238,7 +211,7 @@ class BatchEngine:
     def _drop_cancelled(self) -> None:
         self.waiting = deque(r for r in self.waiting if not r.cancelled)
         if self.prefilling is not None and self.prefilling.cancelled:
-            self.prefilling.runner.abandon()
+            self.runner.abandon()
             self.prefilling = None
         for request in self.running:
             if request.cancelled:
@@ -252,10 +225,7 @@ class BatchEngine:
             if not request.finished:
                 row += 1
                 continue
-            if self.per_request:
-                self.running.pop(row)
-            else:  # the last row moves into the freed one, as the runner moved it
-                self.shared.release(row)
-                last = self.running.pop()
-                if row < len(self.running):
-                    self.running[row] = last
+            self.runner.release(row)  # the last row moves into the freed one
+            last = self.running.pop()
+            if row < len(self.running):
+                self.running[row] = last

@@ -4,7 +4,7 @@ Layers whose entries have the same shape share one tensor [layers, batch, capaci
 accepted path of a verified tree into place is one gather and one scatter over all layers together. Slot s
 of a row holds position s once committed: a verify step writes its tree tokens at slots prefix..prefix+T-1
 and `move` brings the accepted path's entries down to prefix, prefix+1, ... The last slot is scratch, where
-padding entries of a move land. A recurrent layer keeps its own `RecurrentState` in `recurrent`.
+padding entries of a move land. Recurrent layers keep their per-row state in `recurrent` (a `RecurrentCache`).
 
 `length` counts committed positions of every row; callers that track lengths on the device (the decoding
 steps) keep it in step after each host synchronisation.
@@ -19,7 +19,7 @@ import torch
 from specdeploy.errors import SpecdeployError
 
 if TYPE_CHECKING:
-    from specdeploy.engine.recurrent_state import RecurrentState
+    from specdeploy.engine.recurrent_state import RecurrentCache
 
 EntryShape = tuple[
     tuple[int, ...], ...
@@ -47,7 +47,7 @@ class StaticCache:
         self.device, self.dtype = torch.device(device), dtype
         self.entry_shapes = entry_shapes
         self.length = 0
-        self.recurrent: dict[int, RecurrentState] = {}
+        self.recurrent: RecurrentCache | None = None
         groups: dict[EntryShape, list[int]] = {}
         for layer, shapes in enumerate(entry_shapes):
             if shapes is not None:
@@ -106,6 +106,8 @@ class StaticCache:
                 tensor[:, dest, :length] = tensor[:, source, :length]
         if self.positions is not None:
             self.positions[dest, :length] = self.positions[source, :length]
+        if self.recurrent is not None:
+            self.recurrent.copy_row(source, dest)
 
     def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
         """Copy every layer's entries at slots `source` to slots `dest` (both [rows, P], for rows 0..rows-1);
@@ -130,14 +132,10 @@ class StaticCache:
             source = kept[moved:].to(self.device)
             dest = torch.arange(moved, len(kept), device=self.device)
             self.move(source.expand(self.batch, -1), dest.expand(self.batch, -1))
-        for state in self.recurrent.values():
-            state.keep(kept)
         self.length = len(kept)
 
     def crop(self, length: int) -> None:
         """Drop every position at or after `length`."""
-        for state in self.recurrent.values():
-            state.crop(length)
         self.length = min(self.length, length)
 
     def grow(self, capacity: int) -> None:

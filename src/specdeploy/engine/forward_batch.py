@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdeploy.engine.models.rope import Rope
+from specdeploy.engine.tree import root_paths
 
 
 @dataclass
@@ -22,9 +23,9 @@ class ForwardBatch:
     visible: torch.Tensor  # [B|1, T, S] bool over cache slots 0..S-1 (True = may attend)
     capacity: int  # slots per row of the cache the slots index
     row_start: int = 0  # batch row b is cache row row_start + b
-    # For recurrent layers: visibility among the new tokens [B|1, T, T] and the committed length.
-    new_visible: torch.Tensor | None = None
-    committed: int | None = None
+    # For recurrent layers, a tree: each new token's path from the first new token (its root), -1 padded,
+    # [B, T, D]; its state is committed later (`TargetModel.commit_tree`). None: a chain, committed at once.
+    tree_paths: torch.Tensor | None = None
     rope: Rope | None = None  # set by the model once per forward
     _bias: dict = field(default_factory=dict, repr=False)
     _flat_slots: torch.Tensor | None = field(default=None, repr=False)
@@ -78,25 +79,26 @@ def append_batch(
     row_start: int = 0,
 ) -> ForwardBatch:
     """A batch whose T new tokens follow `cached` committed slots in every row; `mask` [B|1, T, cached + T]
-    (None: causal) says what each may see. The window is the used slots rounded up, within the capacity."""
+    (None: causal) says what each may see. The window is the used slots rounded up, within the capacity.
+    With a mask, the new tokens are a tree for recurrent layers (the mask among them its ancestor relation):
+    they keep its accepted path only at `TargetModel.commit_tree`; without one, a chain committed at once."""
     new = positions.shape[-1]
     device = positions.device
     used = cached + new
     window = min(capacity, -(-used // window_multiple) * window_multiple)
+    tree_paths = None
     if mask is None:
         visible = causal_visibility(new, cached, window, device)
-        new_visible = visible[..., cached:used]
     else:
         visible = torch.zeros(mask.shape[0], new, window, dtype=torch.bool, device=device)
         visible[..., :used] = mask
-        new_visible = mask[..., cached:]
+        tree_paths = root_paths(mask[..., cached:].expand(batch, -1, -1), new)
     slots = (cached + torch.arange(new, device=device)).expand(batch, -1)
     return ForwardBatch(
         positions=positions,
         slots=slots,
         visible=visible,
         capacity=capacity,
-        new_visible=new_visible,
-        committed=cached,
+        tree_paths=tree_paths,
         row_start=row_start,
     )

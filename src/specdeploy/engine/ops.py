@@ -38,6 +38,15 @@ def triton_kernels_for(x: torch.Tensor):
     return _triton_kernels() if _use_triton(x) else None
 
 
+def gdn_kernels_for(x: torch.Tensor):
+    """The Gated DeltaNet kernel module (`triton_gdn`) when `x` lives where Triton kernels run, else None."""
+    if not _use_triton(x):
+        return None
+    from specdeploy.engine import triton_gdn
+
+    return triton_gdn
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -15,8 +15,8 @@ With graphs, the running rows are padded up to a bucket (1, 2, 4, 8, then multip
 batch sizes) so that a few graphs serve every running count; a padded row is dead for the step: it writes
 only the scratch slot and commits nothing, so a free row, or the row being prefilled, is untouched.
 
-Targets with recurrent layers read the tree on the host (their exact per-node states need it), so they run
-one row per runner, eagerly, with one more synchronisation to commit the accepted path's state.
+Targets with recurrent layers take the same step: their layers follow each token's root path on the device
+and the commit replays each row's accepted path (`recurrent_state`), so they batch and capture alike.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from specdeploy.engine.tree import (
     best_first_tree,
     chain_tree,
     expected_accept_lengths,
+    root_paths,
     walk,
 )
 from specdeploy.errors import SpecdeployError
@@ -110,8 +111,6 @@ class StepRunner:
         """`pad_rows`: run each step on a bucket of rows (default: when CUDA graphs are on)."""
         if rows < 1:
             raise SpecdeployError(f"a runner needs at least one row, got {rows}")
-        if target.has_recurrent_layers and rows > 1:
-            raise SpecdeployError("targets with recurrent layers run one sequence per runner")
         self.target, self.drafter, self.mode = target, drafter, mode
         weight = target.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
@@ -120,8 +119,7 @@ class StepRunner:
         self.depth_limit = self.block - 1
         self.budget = budget
         self.feature_layers = list(drafter.target_layer_ids) if drafter is not None else []
-        self.host_tree = target.has_recurrent_layers
-        self.graphs = StageGraphs(cuda_graphs and self.device.type == "cuda" and not self.host_tree)
+        self.graphs = StageGraphs(cuda_graphs and self.device.type == "cuda")
         self.pad_rows = self.graphs.enabled if pad_rows is None else pad_rows
         self.cache: StaticCache | None = None
         self.draft_cache: StaticCache | None = None
@@ -209,7 +207,7 @@ class StepRunner:
         if self.running or self._pending is not None:
             raise SpecdeployError("cannot grow the caches while sequences run: reserve before admitting")
         capacity = round_up(needed, 256 if self.device.type == "cuda" else 64)
-        self.cache = self.target.new_cache(self.rows, capacity)
+        self.cache = self.target.new_cache(self.rows, capacity, tree_tokens=budget + 1)
         if self.drafter is not None:
             self.draft_cache = self.drafter.new_cache(self.rows, capacity)
         self.slot_index = torch.arange(capacity, device=self.device)
@@ -301,8 +299,8 @@ class StepRunner:
                 f"a prompt of {count} tokens does not fit the cache ({self.cache.usable} slots)"
             )
         row = self.rows - 1
-        if self.host_tree:
-            self.cache.recurrent.clear()
+        if self.cache.recurrent is not None:
+            self.cache.recurrent.reset_row(row)
         if not params.greedy:
             self._prepare_sampling(uniforms)
             self.uniforms[row, :, : uniforms.table.shape[1]] = uniforms.table
@@ -406,13 +404,8 @@ class StepRunner:
         drafted = self.curve_budgets and size > 0
         self.expected = self.expected_buffer[:active].tolist() if drafted else None
         results = []
-        for row, (state, line) in enumerate(zip(self.running, out, strict=True)):
+        for state, line in zip(self.running, out, strict=True):
             count = line[0]
-            if self.host_tree:
-                path = self.acceptance.path[row, :count].tolist()
-                kept = torch.tensor(list(range(state.prefix)) + [state.prefix + p for p in path])
-                for recurrent in self.cache.recurrent.values():
-                    recurrent.keep(kept)
             state.prefix += count
             state.context = count
             results.append((line[1 : 1 + count], size + 1))
@@ -540,8 +533,8 @@ class StepRunner:
         in_tree = tree.ancestors.gather(2, column.clamp(0, size).expand(-1, size + 1, -1))
         visible = (column < 0) | (in_tree & (column <= size))
         batch = ForwardBatch(positions, slots, visible, self.cache.capacity)
-        if self.host_tree:
-            batch.new_visible, batch.committed = tree.ancestors, self.running[0].prefix
+        if self.target.has_recurrent_layers:
+            batch.tree_paths = root_paths(tree.ancestors, min(size, self.depth_limit) + 1)
         hidden, features = self.target.run(tree.tokens, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden)
         buffers.target_tokens[:rows].copy_(logits.argmax(dim=-1))
@@ -595,6 +588,7 @@ class StepRunner:
             source = torch.where(kept, prefix[:, None] + path, scratch)
             dest = torch.where(kept, prefix[:, None] + self.path_index, scratch)
             self.cache.move(source, dest)
+        self.target.commit_tree(self.cache, path, length)
         if self.drafter is not None:
             features = buffers.features[:rows]
             self.ctx[:rows].copy_(features.gather(1, path[..., None].expand(-1, -1, features.shape[-1])))
@@ -613,6 +607,7 @@ class StepRunner:
         return state
 
     def _neutral(self) -> None:
-        """An acceptance of the root alone: the commit's warm-up then moves no cache entry."""
+        """An acceptance of nothing: the commit's warm-up then moves no cache entry and replays no recurrent
+        state (which it could not restore cheaply)."""
         self.acceptance.path.zero_()
-        self.acceptance.length.fill_(1)
+        self.acceptance.length.zero_()

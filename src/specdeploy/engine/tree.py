@@ -54,6 +54,21 @@ def ancestor_matrix(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
     return ancestors
 
 
+def root_paths(ancestors: torch.Tensor, depths: int) -> torch.Tensor:
+    """[B, N+1, depths]: each index's path from the root, its ancestors by depth and itself last, -1 padded.
+
+    For layers whose state follows the tree (recurrent ones). `depths` must exceed every depth; the depth of
+    an index is read from the relation itself (its ancestors but itself), so padding nodes, which see only
+    the root and themselves, sit at depth 1.
+    """
+    depth = ancestors.sum(dim=-1) - 1  # [B, N+1]
+    at_depth = depth[:, :, None] == torch.arange(depths, device=depth.device)  # [B, j, d]
+    index = torch.arange(1, ancestors.shape[-1] + 1, device=depth.device, dtype=torch.float32)
+    # path[b, i, d] = the one ancestor j of i at depth d (+1, so that 0 means none); small integers, exact in float
+    paths = torch.bmm(ancestors.float(), at_depth.float() * index[None, :, None])
+    return paths.long() - 1
+
+
 def chain_tree(root: torch.Tensor, tokens: torch.Tensor) -> TreeBatch:
     """A DFlash block [root, tokens...] as one path: node i is the child of node i - 1."""
     batch, length = tokens.shape

@@ -55,14 +55,32 @@ class TargetModel(nn.Module):
     lm_head: nn.Linear  # borrowed by the drafter; the embedding itself when tie_word_embeddings
     rotary: RotaryEmbedding
     keep_fp32: tuple[str, ...] = ()  # parameter-name suffixes kept in float32 whatever the model dtype
-    has_recurrent_layers = False  # recurrent layers read the token tree on the host: no CUDA graphs
+    has_recurrent_layers = (
+        False  # their state follows a verified tree: it needs `tree_paths` and `commit_tree`
+    )
 
     def cache_entries(self) -> list[EntryShape | None]:
         return [layer.mixer.cache_entry() for layer in self.layers]
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> StaticCache:
+    def new_cache(self, batch: int = 1, capacity: int = 256, tree_tokens: int = 1) -> StaticCache:
+        """Caches for `batch` rows of `capacity` slots; `tree_tokens`: the most tokens one tree verification
+        may hold (what recurrent layers record until `commit_tree`)."""
         weight = self.embed_tokens.weight
-        return StaticCache(self.cache_entries(), batch, capacity, weight.device, weight.dtype)
+        entries = self.cache_entries()
+        cache = StaticCache(entries, batch, capacity, weight.device, weight.dtype)
+        recurrent = [i for i, entry in enumerate(entries) if entry is None]
+        if recurrent:  # every recurrent layer of a model has one shape
+            mixer = self.layers[recurrent[0]].mixer
+            cache.recurrent = mixer.new_recurrent_cache(
+                recurrent, batch, tree_tokens, weight.dtype, weight.device
+            )
+        return cache
+
+    def commit_tree(self, cache: StaticCache, path: torch.Tensor, count: torch.Tensor) -> None:
+        """After a tree verification of rows 0..B-1: row b keeps the first count[b] tokens of path[b] ([B, P]
+        indices of the verified tokens, root first) in its recurrent layers; attention layers need nothing."""
+        if cache.recurrent is not None:
+            cache.recurrent.commit(path, count)
 
     def run(
         self,

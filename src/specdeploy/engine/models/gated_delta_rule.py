@@ -1,12 +1,16 @@
-"""The gated delta rule, Gated DeltaNet's recurrence, in float32: token by token over a tree, chunked over a chain.
+"""The gated delta rule, Gated DeltaNet's recurrence, in float32: along each token's path, chunked over a chain.
 
 With state h [Dk, Dv] per value head and, per token t, a log decay g_t <= 0, a write strength beta_t in (0, 1),
 an L2-normalised key k_t, a value v_t and an L2-normalised query q_t scaled by Dk^-1/2:
 
     h <- exp(g_t) h;    h <- h + k_t (beta_t (v_t - h^T k_t))^T;    o_t = h^T q_t
 
-The tree form runs each token from its own parent's state (a chain is the tree whose parents are t-1); the
-chunked form is the same recurrence over a chain, rewritten per chunk as a few matrix products.
+Every tensor here is token-major, as the projections give them: [batch, tokens, heads, dim]. A chain (a
+prefill) runs token by token or, when long, chunked (the same recurrence rewritten per chunk as a few matrix
+products). A draft tree runs each token from its own parent's state (`tree_rule`), and the accepted path is
+later replayed from the committed state (`replay`) with the same arithmetic, so the committed state equals
+the state the verification gave that token. These torch versions are the reference; on CUDA the kernels of
+`triton_gdn` replace `tree_rule` and `replay`.
 """
 
 from __future__ import annotations
@@ -19,85 +23,129 @@ import torch.nn.functional as F
 CHUNK_SIZE = 64
 
 
-@dataclass
-class RuleInputs:
-    """Per-token inputs of the rule in float32, [batch, value_heads, tokens, ...] (keys already per value head)."""
-
-    query: torch.Tensor  # [B, H, T, Dk], normalised and scaled
-    key: torch.Tensor  # [B, H, T, Dk], normalised
-    value: torch.Tensor  # [B, H, T, Dv]
-    decay: torch.Tensor  # [B, H, T], log space
-    beta: torch.Tensor  # [B, H, T]
-
-    def select(self, tokens: list[int]) -> RuleInputs:
-        index = torch.tensor(tokens, device=self.query.device)
-        return RuleInputs(
-            *(t.index_select(2, index) for t in (self.query, self.key, self.value, self.decay, self.beta))
-        )
-
-
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # eps inside the root, as flash-linear-attention and transformers' fallback compute it
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def value_head_keys(x: torch.Tensor, value_heads: int) -> torch.Tensor:
+    """L2-normalised float32 keys (or queries) [..., Hk, Dk] repeated for their value heads [..., Hv, Dk]."""
+    x = l2norm(x.float())
+    groups = value_heads // x.shape[-2]
+    return x.repeat_interleave(groups, dim=-2) if groups > 1 else x
+
+
+@dataclass
+class RuleInputs:
+    """Per-token inputs of the rule in float32, [batch, tokens, value_heads, ...] (keys already per value head)."""
+
+    query: torch.Tensor  # [B, T, H, Dk], normalised and scaled
+    key: torch.Tensor  # [B, T, H, Dk], normalised
+    value: torch.Tensor  # [B, T, H, Dv]
+    decay: torch.Tensor  # [B, T, H], log space
+    beta: torch.Tensor  # [B, T, H]
+
+
 def rule_inputs(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor
 ) -> RuleInputs:
-    """From the layer's [B, T, heads, dim] layout: float32, heads first, keys shared by groups of value heads."""
-    groups = value.shape[2] // key.shape[2]
-    query, key = (t.repeat_interleave(groups, dim=2) if groups > 1 else t for t in (query, key))
-    query, key, value, decay, beta = (t.transpose(1, 2).float() for t in (query, key, value, decay, beta))
-    query = l2norm(query) * query.shape[-1] ** -0.5
-    return RuleInputs(query, l2norm(key), value, decay, beta)
+    """From the layer's [B, T, heads, dim] tensors: float32, keys and queries normalised per value head."""
+    heads = value.shape[-2]
+    query = value_head_keys(query, heads) * query.shape[-1] ** -0.5
+    return RuleInputs(query, value_head_keys(key, heads), value.float(), decay.float(), beta.float())
 
 
-def tree_rule(
-    inputs: RuleInputs, parents: list[int], initial: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every token run from its parent's state (-1: from `initial` [B, H, Dk, Dv]).
+def delta_step(
+    h: torch.Tensor, key: torch.Tensor, value: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """One token's update of states h [N, H, Dk, Dv] with key [N, H, Dk], value [N, H, Dv], decay/beta [N, H]."""
+    h = h * decay.exp()[..., None, None]
+    predicted = (h * key[..., None]).sum(dim=-2)  # what the state already recalls for this key
+    correction = (value - predicted) * beta[..., None]
+    return h + key[..., None] * correction[..., None, :]
 
-    Returns outputs [B, H, T, Dv] and each token's state [B, H, T, Dk, Dv]. Tokens of one depth are
-    independent, so they run as one batch: a tree costs as many steps as it is deep.
-    """
-    batch, heads, tokens, key_dim = inputs.key.shape
-    depth: list[int] = []
-    for parent in parents:
-        depth.append(0 if parent < 0 else depth[parent] + 1)
-    states = inputs.value.new_empty(batch, heads, tokens, key_dim, inputs.value.shape[-1])
+
+def chain_rule(inputs: RuleInputs, initial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule token by token over a chain: outputs [B, T, H, Dv] and the final state [B, H, Dk, Dv]."""
+    h = initial.float()
     out = torch.empty_like(inputs.value)
-    device = inputs.value.device
-    for level in range(max(depth, default=-1) + 1):
-        nodes = [i for i, d in enumerate(depth) if d == level]
-        index = torch.tensor(nodes, device=device)
-        if level == 0:
-            h = initial.float()[:, :, None].expand(-1, -1, len(nodes), -1, -1)
-        else:
-            h = states.index_select(2, torch.tensor([parents[i] for i in nodes], device=device))
-        q, k, v = (t.index_select(2, index) for t in (inputs.query, inputs.key, inputs.value))
-        decay, beta = (t.index_select(2, index) for t in (inputs.decay, inputs.beta))
-        h = h * decay.exp()[..., None, None]
-        predicted = (h * k[..., None]).sum(dim=-2)  # what the state already recalls for this key
-        correction = (v - predicted) * beta[..., None]
-        h = h + k[..., None] * correction[..., None, :]
-        states[:, :, index] = h
-        out[:, :, index] = (h * q[..., None]).sum(dim=-2)
-    return out, states
+    for t in range(inputs.key.shape[1]):
+        h = delta_step(h, inputs.key[:, t], inputs.value[:, t], inputs.decay[:, t], inputs.beta[:, t])
+        out[:, t] = (h * inputs.query[:, t, ..., None]).sum(dim=-2)
+    return out, h
+
+
+def tree_rule(inputs: RuleInputs, paths: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+    """Every token run from its parent's state: outputs [B, T, H, Dv].
+
+    `paths` [B, T, D]: each token's path from its row's first token (the root, a child of the committed
+    state `initial` [B, H, Dk, Dv]) to itself, -1 padded. Tokens of one depth are independent, so each depth
+    is one batched update over every row; finding them reads the depths on the host (this is the CPU
+    reference: on CUDA `triton_gdn.tree_rule` walks the paths on the device).
+    """
+    batch, tokens, heads, key_dim = inputs.key.shape
+    depth = (paths >= 0).sum(dim=-1) - 1
+    parent = paths.gather(2, (depth - 1).clamp(min=0)[..., None])[..., 0]
+    states = inputs.value.new_empty(batch, tokens, heads, key_dim, inputs.value.shape[-1])
+    for level in range(paths.shape[-1]):
+        rows, nodes = (depth == level).nonzero(as_tuple=True)
+        if not len(rows):
+            break  # depths are contiguous: nothing deeper either
+        h = initial.float()[rows] if level == 0 else states[rows, parent[rows, nodes]]
+        states[rows, nodes] = delta_step(
+            h,
+            inputs.key[rows, nodes],
+            inputs.value[rows, nodes],
+            inputs.decay[rows, nodes],
+            inputs.beta[rows, nodes],
+        )
+    return (states * inputs.query[..., None]).sum(dim=-2)
+
+
+def replay(
+    state: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    path: torch.Tensor,
+    count: torch.Tensor,
+) -> None:
+    """Advance `state` [B, H, Dk, Dv] in place along the first count[b] tokens of path[b] ([B, P] token
+    indices): the state the path's last token had under `tree_rule`. key [B, T, Hk, Dk] and value
+    [B, T, H, Dv] as the layer made them (normalised here, as `rule_inputs` does), decay/beta [B, T, H]."""
+    inputs = rule_inputs(key, key, value, decay, beta)  # the query only matters for outputs
+    rows = torch.arange(state.shape[0], device=state.device)
+    h = state
+    for j in range(path.shape[1]):
+        node = path[:, j]
+        stepped = delta_step(
+            h,
+            inputs.key[rows, node],
+            inputs.value[rows, node],
+            inputs.decay[rows, node],
+            inputs.beta[rows, node],
+        )
+        h = torch.where((j < count)[:, None, None, None], stepped, h)
+    state.copy_(h)
 
 
 def chunked_rule(
     inputs: RuleInputs, initial: torch.Tensor, chunk: int = CHUNK_SIZE
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rule over a chain, `chunk` tokens per matrix step. Returns outputs [B, H, T, Dv] and the final state.
+    """The rule over a chain, `chunk` tokens per matrix step. Returns outputs [B, T, H, Dv] and the final state.
 
     Inside a chunk, with c_t the cumulative log decay from the chunk start, the delta rule's writes satisfy
     a unit lower-triangular system (the UT / WY form); solving it gives each token's effective write
     u_t = w_t - W_t h_start, so the chunk's outputs and end state follow from h_start by matrix products.
     """
-    tokens = inputs.key.shape[2]
+    tokens = inputs.key.shape[1]
     pad = (chunk - tokens % chunk) % chunk
-    query, key, value = (F.pad(t, (0, 0, 0, pad)) for t in (inputs.query, inputs.key, inputs.value))
-    decay, beta = (F.pad(t, (0, pad)) for t in (inputs.decay, inputs.beta))
+    # heads first: [B, H, T, ...]
+    query, key, value = (
+        F.pad(t.transpose(1, 2), (0, 0, 0, pad)) for t in (inputs.query, inputs.key, inputs.value)
+    )
+    decay, beta = (F.pad(t.transpose(1, 2), (0, pad)) for t in (inputs.decay, inputs.beta))
     batch, heads, padded, key_dim = key.shape
 
     def chunks(t: torch.Tensor) -> torch.Tensor:
@@ -125,4 +173,4 @@ def chunked_rule(
         effective = writes[:, :, n] - reads[:, :, n] @ h
         out[:, :, n] = query_decayed[:, :, n] @ h + scores[:, :, n] @ effective
         h = h * chunk_decay[:, :, n] + key_to_end[:, :, n].transpose(-1, -2) @ effective
-    return out.reshape(batch, heads, padded, -1)[:, :, :tokens], h
+    return out.reshape(batch, heads, padded, -1)[:, :, :tokens].transpose(1, 2), h

@@ -2,8 +2,8 @@
 
 Per token: project to q, k, v (plus the output gate z, the write strength b and the decay input a), run
 q|k|v through a short depthwise causal convolution, then through the gated delta rule; normalise the
-result per head, gate it with silu(z) and project back. Tree verification follows `recurrent_state`:
-each new token's convolution window and recurrent state come from its own ancestors only.
+result per head, gate it with silu(z) and project back. Under tree verification each new token's
+convolution window and recurrent state come from its own ancestors only (`recurrent_state`).
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.config import config_value
-from specdeploy.engine.models.gated_delta_rule import CHUNK_SIZE, chunked_rule, rule_inputs, tree_rule
-from specdeploy.engine.recurrent_state import (
-    PendingTokens,
-    RecurrentState,
-    chain_parents,
-    conv_windows,
-    tree_parents,
+from specdeploy.engine.models.gated_delta_rule import (
+    CHUNK_SIZE,
+    chain_rule,
+    chunked_rule,
+    rule_inputs,
+    tree_rule,
 )
+from specdeploy.engine.recurrent_state import RecurrentCache, causal_windows, chain_paths, conv_windows
 from specdeploy.errors import SpecdeployError
 
 
@@ -44,9 +45,13 @@ class GatedRMSNorm(nn.Module):
 
 
 def path_conv(inputs: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu of the depthwise conv of each token's window: inputs [B, S, C], windows [T, width], weight [C, 1, width]."""
+    """silu of the depthwise conv of each token's window: inputs [B, S, C], windows [B|1, T, width] (indices
+    into S, oldest first), weight [C, 1, width]."""
+    batch, tokens, width = inputs.shape[0], windows.shape[1], windows.shape[2]
+    index = windows.expand(batch, -1, -1).reshape(batch, tokens * width, 1).expand(-1, -1, inputs.shape[-1])
+    taps = inputs.gather(1, index).view(batch, tokens, width, -1)
     kernel = weight[:, 0].t().float()  # [width, channels]; tap 0 is the oldest input, as windows order them
-    return F.silu((inputs[:, windows].float() * kernel).sum(dim=2)).to(inputs.dtype)
+    return F.silu((taps.float() * kernel).sum(dim=2)).to(inputs.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -86,40 +91,61 @@ class GatedDeltaNet(nn.Module):
     def cache_entry(self) -> None:
         return None  # the state lives in the cache's `recurrent`, not in slots
 
+    def new_recurrent_cache(
+        self, layers: list[int], rows: int, tree_tokens: int, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentCache:
+        """The recurrent cache of `layers` (every Gated DeltaNet layer of the model, all shaped as this one)."""
+        return RecurrentCache(
+            layers,
+            rows,
+            self.conv_width,
+            2 * self.key_size + self.value_size,
+            (self.k_heads, self.v_heads),
+            (self.k_dim, self.v_dim),
+            tree_tokens,
+            dtype,
+            device,
+        )
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         batch_size, tokens, _ = x.shape
-        state = cache.recurrent.get(self.layer_idx)
-        if state is None:
-            state = RecurrentState(
-                conv=x.new_zeros(batch_size, self.conv_width - 1, 2 * self.key_size + self.value_size),
-                recurrent=x.new_zeros(batch_size, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32),
-            )
-        state.settle()
-        tree = tree_parents(batch.new_visible)
-        parents = chain_parents(tokens) if self.leaky else tree
+        recurrent = cache.recurrent
+        layer = recurrent.index[self.layer_idx]
+        rows = slice(batch.row_start, batch.row_start + batch_size)
         mixed, z, b, a = self.project(x)
-
-        conv_inputs = torch.cat([state.conv.to(mixed.dtype), mixed], dim=1)
-        windows = conv_windows(parents, self.conv_width, x.device)
-        mixed = path_conv(conv_inputs, windows, self.conv1d.weight)
-        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
         decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        inputs = rule_inputs(
-            q.reshape(batch_size, tokens, self.k_heads, self.k_dim),
-            k.reshape(batch_size, tokens, self.k_heads, self.k_dim),
-            v.reshape(batch_size, tokens, self.v_heads, self.v_dim),
-            decay,
-            b.sigmoid(),
+        beta = b.sigmoid().float()
+        conv_state = recurrent.conv[layer, rows]
+        joined = torch.cat([conv_state, mixed], dim=1)
+        tree = batch.tree_paths
+        if tree is not None and self.leaky:
+            tree = chain_paths(batch_size, tokens, x.device)
+        windows = (
+            causal_windows(tokens, self.conv_width, x.device)
+            if tree is None
+            else conv_windows(tree, self.conv_width)
         )
-        if tokens >= CHUNK_SIZE and parents == chain_parents(tokens):
-            out, final, states = *chunked_rule(inputs, state.recurrent), None  # long prefills
-        else:
-            out, states = tree_rule(inputs, parents, state.recurrent)
-            final = states[:, :, -1]
-        state.record(PendingTokens(tree, parents, conv_inputs, windows, inputs, states, final))
-        cache.recurrent[self.layer_idx] = state
-
-        out = self.norm(out.transpose(1, 2).to(x.dtype), z)
+        q, k, v = path_conv(joined, windows, self.conv1d.weight).split(
+            [self.key_size, self.key_size, self.value_size], dim=-1
+        )
+        q = q.view(batch_size, tokens, self.k_heads, self.k_dim)
+        k = k.view(batch_size, tokens, self.k_heads, self.k_dim)
+        v = v.view(batch_size, tokens, self.v_heads, self.v_dim)
+        state = recurrent.state[layer, rows]
+        if tree is None:  # a chain committed at once (a prefill chunk)
+            inputs = rule_inputs(q, k, v, decay, beta)
+            rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
+            out, final = rule(inputs, state)
+            state.copy_(final)
+            conv_state.copy_(joined[:, tokens:])
+        else:  # a tree: outputs now, the state once the accepted path is known (RecurrentCache.commit)
+            recurrent.record(self.layer_idx, rows, mixed, k, v, decay, beta)
+            kernels = ops.gdn_kernels_for(x)
+            if kernels is not None:
+                out = kernels.tree_rule(q, k, v, decay, beta, tree, state)
+            else:
+                out = tree_rule(rule_inputs(q, k, v, decay, beta), tree, state)
+        out = self.norm(out.to(x.dtype), z)
         return self.out_proj(out.reshape(batch_size, tokens, self.value_size))
 
 

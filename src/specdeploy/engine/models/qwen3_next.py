@@ -117,6 +117,7 @@ class HybridDecoderLayer(DecoderLayer):
 class Qwen3NextForCausalLM(TargetModel):
     linear_attention: type[GatedDeltaNet] = Qwen3NextGatedDeltaNet
     has_recurrent_layers = True
+    leaky = False
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
@@ -157,10 +158,19 @@ class Qwen3NextForCausalLM(TargetModel):
             )
 
     def use_leaky_tree_states(self, leaky: bool) -> None:
-        """Run recurrent layers over tree tokens in index order, as a naive engine does (for experiments)."""
+        """Run recurrent layers over tree tokens in index order, as a naive engine does (for experiments): a
+        token's state and conv window then follow every earlier index, and so does what `commit_tree` keeps."""
+        self.leaky = leaky
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.leaky = leaky
+
+    def commit_tree(self, cache: StaticCache, path: torch.Tensor, count: torch.Tensor) -> None:
+        if self.leaky:  # the leaf's state under the index order: every index up to the leaf's
+            leaf = path.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0]
+            path = torch.arange(cache.recurrent.tree_tokens, device=path.device).expand(path.shape[0], -1)
+            count = torch.where(count > 0, leaf + 1, 0)
+        super().commit_tree(cache, path, count)
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
