@@ -11,9 +11,11 @@ from transformers import Qwen3NextForCausalLM
 from tree_oracle import DraftTree
 
 from specdeploy.engine.decode import Decoder, SamplingParams
+from specdeploy.engine.forward_batch import append_batch
 from specdeploy.engine.loading import load_drafter, load_target
-from specdeploy.engine.models.gated_delta_rule import RuleInputs, chunked_rule, tree_rule
+from specdeploy.engine.models.gated_delta_rule import chain_rule, chunked_rule, replay, rule_inputs, tree_rule
 from specdeploy.engine.recurrent_state import conv_windows
+from specdeploy.engine.tree import root_paths
 from specdeploy.errors import SpecdeployError
 
 
@@ -28,10 +30,6 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def target(checkpoints):
     return load_target(checkpoints["qwen3_next"])
-
-
-def positions(start: int, count: int) -> torch.Tensor:
-    return torch.arange(start, start + count)[None]
 
 
 def random_tree(size: int, seed: int) -> DraftTree:
@@ -52,13 +50,37 @@ def path_to(tree: DraftTree, node: int) -> list[int]:
     return path[::-1]
 
 
-def verify_tree(model, cache, root: int, tree: DraftTree) -> torch.Tensor:
-    prefix = cache.length
+def new_cache(model):
+    return model.new_cache(1, 256, tree_tokens=32)
+
+
+def run_chain(model, cache, ids: list[int] | torch.Tensor, start: int) -> torch.Tensor:
+    """Logits [T, V] of `ids` after `start` committed positions, committed at once (a prefill chunk)."""
+    ids = torch.as_tensor(ids).reshape(1, -1)
+    batch = append_batch(torch.arange(start, start + ids.shape[1])[None], start, cache.capacity, 1)
+    hidden, _ = model.run(ids, batch, cache)
+    return model.lm_head(hidden)[0].float()
+
+
+def fresh_logits(model, ids: list[int]) -> torch.Tensor:
+    return run_chain(model, new_cache(model), ids, 0)
+
+
+def verify_tree(model, cache, prefix: int, root: int, tree: DraftTree) -> torch.Tensor:
+    """Logits [N+1, V] of [root, tree nodes] after `prefix` committed positions, under the ancestor mask."""
     ids = torch.tensor([[root, *tree.tokens]])
     pos = prefix + torch.tensor([[0, *tree.depths]])
-    visible = torch.ones(tree.size + 1, prefix, dtype=torch.bool)
-    mask = torch.cat([visible, tree.ancestor_mask()], dim=1)[None]
-    return model(ids, pos, cache, mask).logits[0]
+    mask = torch.cat([torch.ones(tree.size + 1, prefix, dtype=torch.bool), tree.ancestor_mask()], dim=1)[None]
+    hidden, _ = model.run(ids, append_batch(pos, prefix, cache.capacity, 1, mask), cache)
+    return model.lm_head(hidden)[0].float()
+
+
+def keep_path(model, cache, prefix: int, path: list[int]) -> None:
+    """Commit the verified tree's path (indices, root first): attention entries move into place, recurrent
+    layers replay it."""
+    index = torch.tensor([path])
+    cache.move(prefix + index, prefix + torch.arange(len(path))[None])
+    model.commit_tree(cache, index, torch.tensor([len(path)]))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -68,29 +90,27 @@ def test_logits_match_transformers_prefill_and_incremental(checkpoints, name):
     ours = load_target(checkpoints[name])
     ids = torch.randint(0, VOCAB, (1, 90), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        expected = hf(ids).logits
+        expected = hf(ids).logits[0]
     # 90 tokens run the chunked form; the cached run mixes a chunked prefill, a short chain and single tokens.
-    assert torch.allclose(ours(ids, positions(0, 90)).logits, expected, atol=1e-4, rtol=0)
-    cache = ours.new_cache()
-    pieces = [ours(ids[:, :70], positions(0, 70), cache).logits]
-    pieces.append(ours(ids[:, 70:80], positions(70, 10), cache).logits)
+    assert torch.allclose(fresh_logits(ours, ids), expected, atol=1e-4, rtol=0)
+    cache = new_cache(ours)
+    pieces = [run_chain(ours, cache, ids[:, :70], 0), run_chain(ours, cache, ids[:, 70:80], 70)]
     for t in range(80, 90):
-        pieces.append(ours(ids[:, t : t + 1], positions(t, 1), cache).logits)
-    assert torch.allclose(torch.cat(pieces, dim=1), expected, atol=1e-4, rtol=0)
-    assert cache.length == 90
+        pieces.append(run_chain(ours, cache, ids[:, t : t + 1], t))
+    assert torch.allclose(torch.cat(pieces), expected, atol=1e-4, rtol=0)
 
 
 def test_every_tree_node_equals_a_causal_forward_over_its_path(target):
-    prefix = torch.randint(0, VOCAB, (1, 11), generator=torch.Generator().manual_seed(4)).tolist()[0]
+    prefix = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(4)).tolist()
     root = 7
     for seed in range(3):
         tree = random_tree(14, seed)
-        cache = target.new_cache()
-        target(torch.tensor([prefix]), positions(0, len(prefix)), cache)
-        logits = verify_tree(target, cache, root, tree)
+        cache = new_cache(target)
+        run_chain(target, cache, prefix, 0)
+        logits = verify_tree(target, cache, len(prefix), root, tree)
         for node in range(tree.size + 1):
             sequence = prefix + [root] + [tree.tokens[i - 1] for i in path_to(tree, node)[1:]]
-            expected = target(torch.tensor([sequence]), positions(0, len(sequence))).logits[0, -1]
+            expected = fresh_logits(target, sequence)[-1]
             assert torch.allclose(logits[node], expected, atol=1e-5, rtol=0), (seed, node)
 
 
@@ -102,9 +122,9 @@ def test_leaky_order_breaks_branches_but_not_chains(target):
     for leaky in (False, True):
         target.use_leaky_tree_states(leaky)
         for name, shape in (("tree", tree), ("chain", chain)):
-            cache = target.new_cache()
-            target(torch.tensor([prefix]), positions(0, len(prefix)), cache)
-            results[leaky, name] = verify_tree(target, cache, root, shape)
+            cache = new_cache(target)
+            run_chain(target, cache, prefix, 0)
+            results[leaky, name] = verify_tree(target, cache, len(prefix), root, shape)
     target.use_leaky_tree_states(False)
     assert torch.equal(results[False, "chain"], results[True, "chain"])
     # A node whose predecessor in index order is not its parent absorbs a sibling under the leaky order.
@@ -118,68 +138,35 @@ def test_leaky_order_breaks_branches_but_not_chains(target):
 def test_keeping_an_accepted_path_then_continuing_equals_a_fresh_forward(target):
     prefix, root = [8, 1, 60, 33, 2, 19, 40], 12
     tree = random_tree(16, seed=5)
-    cache = target.new_cache()
-    target(torch.tensor([prefix]), positions(0, len(prefix)), cache)
-    verify_tree(target, cache, root, tree)
+    cache = new_cache(target)
+    run_chain(target, cache, prefix, 0)
+    verify_tree(target, cache, len(prefix), root, tree)
     leaf = max(range(1, tree.size + 1), key=lambda n: tree.depths[n - 1])
     path = path_to(tree, leaf)
-    cache.keep(torch.cat([torch.arange(len(prefix)), len(prefix) + torch.tensor(path)]))
+    keep_path(target, cache, len(prefix), path)
     committed = prefix + [root] + [tree.tokens[i - 1] for i in path[1:]]
-    assert cache.length == len(committed)
     # Continue with a second tree on top of the compacted cache, then a plain chain.
     second = random_tree(6, seed=6)
-    logits = verify_tree(target, cache, 30, second)
+    logits = verify_tree(target, cache, len(committed), 30, second)
     sequence = committed + [30] + [second.tokens[i - 1] for i in path_to(second, 6)[1:]]
-    expected = target(torch.tensor([sequence]), positions(0, len(sequence))).logits[0, -1]
-    assert torch.allclose(logits[6], expected, atol=1e-5, rtol=0)
-    cache.keep(torch.arange(len(committed) + 1))  # only the root of the second tree
+    assert torch.allclose(logits[6], fresh_logits(target, sequence)[-1], atol=1e-5, rtol=0)
+    keep_path(target, cache, len(committed), [0])  # only the root of the second tree
     follow = [4, 44, 21]
-    out = target(torch.tensor([follow]), positions(cache.length, 3), cache).logits
-    sequence = committed + [30] + follow
-    fresh = target(torch.tensor([sequence]), positions(0, len(sequence))).logits[:, -3:]
+    out = run_chain(target, cache, follow, len(committed) + 1)
+    fresh = fresh_logits(target, committed + [30] + follow)[-3:]
     assert torch.allclose(out, fresh, atol=1e-5, rtol=0)
 
 
-def test_crop_within_the_pending_chain_and_clear_errors(target):
-    tokens = [5, 6, 7, 8, 9, 10]
-    cache = target.new_cache()
-    target(torch.tensor([tokens[:2]]), positions(0, 2), cache)
-    target(torch.tensor([tokens[2:]]), positions(2, 4), cache)
-    cache.crop(4)  # commits the state after token 3 of the pending chain
-    out = target(torch.tensor([[50]]), positions(4, 1), cache).logits
-    fresh = target(torch.tensor([tokens[:4] + [50]]), positions(0, 5)).logits[:, -1:]
-    assert torch.allclose(out, fresh, atol=1e-5, rtol=0)
-    with pytest.raises(SpecdeployError, match="cannot crop a recurrent layer"):
-        cache.crop(2)
-
-    tree = random_tree(5, seed=2)
-    verify_tree(target, cache, 1, tree)
-    with pytest.raises(SpecdeployError, match="keep\\(\\) its accepted path"):
-        target(torch.tensor([[3]]), positions(cache.length, 1), cache)
-    not_a_path = [i for i in range(1, tree.size + 1) if tree.parents[i - 1] != 0][:1]
-    with pytest.raises(SpecdeployError, match="path of the verified tree"):
-        cache.keep(torch.cat([torch.arange(5), 5 + torch.tensor(not_a_path)]))
-    with pytest.raises(SpecdeployError, match="only drop uncommitted"):
-        cache.keep(torch.tensor([0, 1, 2, 4, 5]))
-
-    fresh_cache = target.new_cache()
-    target(torch.tensor([tokens]), positions(0, 6), fresh_cache)
-    sibling_sees_sibling = torch.tensor([[[True] * 6 + [True, False, False], [True] * 6 + [True, True, False],
-                                          [True] * 6 + [False, True, True]]])  # fmt: skip
-    with pytest.raises(SpecdeployError, match="not a tree"):
-        target(torch.tensor([[1, 2, 3]]), positions(6, 3), fresh_cache, sibling_sees_sibling)
-
-
-def test_crop_inside_a_chunked_prefill_replays_the_kept_tokens(target):
-    tokens = torch.randint(0, VOCAB, (1, 70), generator=torch.Generator().manual_seed(8))
-    cache = target.new_cache()
-    target(
-        tokens, positions(0, 70), cache
-    )  # long enough for the chunked form, which keeps no per-token state
-    cache.crop(66)
-    out = target(tokens[:, 66:70], positions(66, 4), cache).logits
-    fresh = target(tokens, positions(0, 70)).logits[:, 66:]
-    assert torch.allclose(out, fresh, atol=1e-4, rtol=0)
+def test_a_row_that_keeps_nothing_keeps_its_state_and_a_tree_too_large_for_the_record_is_refused(target):
+    prefix = [5, 6, 7, 8, 9, 10]
+    cache = new_cache(target)
+    run_chain(target, cache, prefix, 0)
+    before = [t.clone() for t in cache.recurrent.tensors]
+    verify_tree(target, cache, len(prefix), 1, random_tree(5, seed=2))
+    target.commit_tree(cache, torch.tensor([[0, 1, 2]]), torch.tensor([0]))
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.recurrent.tensors, strict=True))
+    with pytest.raises(SpecdeployError, match="exceeds the recurrent cache's record of 32"):
+        verify_tree(target, cache, len(prefix), 1, random_tree(40, seed=3))
 
 
 def test_greedy_decoding_is_the_same_in_every_mode_and_equals_transformers(checkpoints):
@@ -200,27 +187,58 @@ def test_greedy_decoding_is_the_same_in_every_mode_and_equals_transformers(check
 
 def test_chunked_rule_equals_the_token_by_token_rule():
     generator = torch.Generator().manual_seed(0)
-    batch, heads, tokens, key_dim, value_dim = 1, 2, 150, 8, 4
+    batch, tokens, heads, key_dim, value_dim = 1, 150, 2, 8, 4
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator)
 
-    key = torch.nn.functional.normalize(rand(batch, heads, tokens, key_dim), dim=-1)
-    inputs = RuleInputs(
-        query=rand(batch, heads, tokens, key_dim) * key_dim**-0.5,
-        key=key,
-        value=rand(batch, heads, tokens, value_dim),
-        decay=-torch.rand(batch, heads, tokens, generator=generator),
-        beta=torch.rand(batch, heads, tokens, generator=generator),
+    inputs = rule_inputs(
+        rand(batch, tokens, heads, key_dim),
+        rand(batch, tokens, heads, key_dim),
+        rand(batch, tokens, heads, value_dim),
+        -torch.rand(batch, tokens, heads, generator=generator),
+        torch.rand(batch, tokens, heads, generator=generator),
     )
     initial = rand(batch, heads, key_dim, value_dim)
-    chained, states = tree_rule(inputs, list(range(-1, tokens - 1)), initial)
+    chained, final_chained = chain_rule(inputs, initial)
     chunked, final = chunked_rule(inputs, initial)
     assert torch.allclose(chunked, chained, atol=1e-4)
-    assert torch.allclose(final, states[:, :, -1], atol=1e-4)
+    assert torch.allclose(final, final_chained, atol=1e-4)
+
+
+def test_tree_rule_runs_every_token_along_its_own_path_and_replay_reaches_the_same_state():
+    generator = torch.Generator().manual_seed(1)
+    rows, tokens, key_heads, heads, key_dim, value_dim = 3, 9, 1, 2, 8, 4
+    trees = [random_tree(tokens - 1, seed) for seed in range(rows)]
+    ancestors = torch.stack([tree.ancestor_mask() for tree in trees])
+    paths = root_paths(ancestors, tokens)
+    for row, tree in enumerate(trees):  # against the tree's own parent links
+        for node in range(tokens):
+            own = path_to(tree, node)
+            assert paths[row, node].tolist() == own + [-1] * (tokens - len(own))
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    raw = (rand(rows, tokens, key_heads, key_dim), rand(rows, tokens, key_heads, key_dim),
+           rand(rows, tokens, heads, value_dim), -torch.rand(rows, tokens, heads, generator=generator),
+           torch.rand(rows, tokens, heads, generator=generator))  # fmt: skip
+    inputs = rule_inputs(*raw)
+    initial = rand(rows, heads, key_dim, value_dim)
+    out = tree_rule(inputs, paths, initial)
+    for row, tree in enumerate(trees):
+        for node in range(tokens):
+            own = path_to(tree, node)  # the oracle: the plain chain rule over the node's path alone
+            picked = rule_inputs(*(t[row : row + 1, own] for t in raw))
+            chained, final = chain_rule(picked, initial[row : row + 1])
+            assert torch.allclose(out[row, node], chained[0, -1], atol=1e-5), (row, node)
+            state = initial[row : row + 1].clone()
+            replay(state, *(t[row : row + 1] for t in raw[1:]), torch.tensor([own]), torch.tensor([len(own)]))
+            assert torch.allclose(state, final, atol=1e-5), (row, node)
 
 
 def test_conv_windows_follow_each_token_path_then_the_committed_inputs():
     # Committed inputs are columns 0..2 (width 4); new tokens are columns 3.., token 2 is a child of token 0.
-    windows = conv_windows([-1, 0, 0, 2], width=4, device=torch.device("cpu"))
-    assert windows.tolist() == [[0, 1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5], [2, 3, 5, 6]]
+    paths = torch.tensor([[[0, -1, -1], [0, 1, -1], [0, 2, -1], [0, 2, 3]]])
+    windows = conv_windows(paths, width=4)
+    assert windows.tolist() == [[[0, 1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5], [2, 3, 5, 6]]]
