@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import DeepseekV3Config, Qwen3Config, Qwen3MoeConfig
+from transformers import DeepseekV3Config, Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig
 
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.engine.loading import save_drafter
@@ -56,6 +56,18 @@ def target_config(family: str, vocab: int, layers: int = 4):
             qk_nope_head_dim=8,
             qk_rope_head_dim=4,
             v_head_dim=8,
+        )
+    if family == "qwen3_next":  # hybrid: Gated DeltaNet layers around one full-attention layer, dense MLPs
+        return Qwen3NextConfig(
+            **common,
+            intermediate_size=64,
+            head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"][:layers],
+            mlp_only_layers=list(range(layers)),
         )
     raise ValueError(family)
 

@@ -55,7 +55,7 @@ def test_greedy_outputs_under_batching_equal_single_requests(pairs, family):
     assert_batched_greedy_equals_single(*pairs[family])
 
 
-@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "qwen3_next"])
 def test_greedy_outputs_with_padded_rows_equal_single_requests(pairs, family):
     """Steps padded to row buckets (what CUDA graphs use): with 4 rows, 3 running pad to 4, and the padding
     reaches the row being prefilled (the last) while its 9-token prompt spans three iterations."""
@@ -65,12 +65,25 @@ def test_greedy_outputs_with_padded_rows_equal_single_requests(pairs, family):
     )
 
 
+def test_hybrid_rows_with_large_trees_equal_single_requests(pairs):
+    """Recurrent state along trees of 64 nodes (deeper than the drafter's block allows), rows joining and
+    leaving, padded or not."""
+    for pad_rows in (False, True):
+        assert_batched_greedy_equals_single(*pairs["qwen3_next"], pad_rows=pad_rows, modes=[("ddtree", 64)])
+
+
 def assert_batched_greedy_equals_single(
-    target, drafter, max_running: int = 3, pad_rows=None, order=range(len(PROMPTS)), arrival_gap: int = 2
+    target,
+    drafter,
+    max_running: int = 3,
+    pad_rows=None,
+    order=range(len(PROMPTS)),
+    arrival_gap: int = 2,
+    modes=MODES,
 ) -> None:
     """Every mode: requests arriving over time, more than can run at once, leaving at different lengths."""
     prompts, lengths = [PROMPTS[i] for i in order], [LENGTHS[i] for i in order]
-    for mode, budget in MODES:
+    for mode, budget in modes:
         params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
         single = [
             Decoder(target, drafter if mode != "ar" else None, mode, budget).generate(p, q).token_ids
@@ -119,18 +132,21 @@ def test_seeded_samples_under_batching_equal_single_requests(pairs):
 
 
 @pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    target_dir, draft_dir = write_pair(
-        tmp_path_factory.mktemp("small-batch"), "qwen3", vocab=6, block_size=4, logit_scale=3.0
-    )
-    return load_target(target_dir), load_drafter(draft_dir)
+def small_vocab_pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small-batch")
+    made = {f: write_pair(root, f, vocab=6, block_size=4, logit_scale=3.0) for f in ("qwen3", "qwen3_next")}
+    return {family: (load_target(t), load_drafter(d)) for family, (t, d) in made.items()}
 
 
-@pytest.mark.parametrize(("mode", "budget"), [("dflash", None), ("ddtree", 8), ("ddtree", "changing")])
-def test_sampling_stays_lossless_under_batching(small_vocab_pair, mode, budget):
+@pytest.mark.parametrize(
+    ("family", "mode", "budget"),
+    [("qwen3", "dflash", None), ("qwen3", "ddtree", 8), ("qwen3", "ddtree", "changing"),
+     ("qwen3_next", "ddtree", 5), ("qwen3_next", "ddtree", 24), ("qwen3_next", "ddtree", 64)],
+)  # fmt: skip
+def test_sampling_stays_lossless_under_batching(small_vocab_pairs, family, mode, budget):
     """The chi-square test of test_decode, with every sampled request sharing its steps with greedy and
     sampled batch-mates of other prompts; `changing`: each step's budget from a cycle with AR steps in it."""
-    target, drafter = small_vocab_pair
+    target, drafter = small_vocab_pairs[family]
     params = SAMPLING[1]
     prompt = [1, 2, 3]
     policy = scripted_policy([8, 0, 2, 0, 0, 1, 4]) if budget == "changing" else None
