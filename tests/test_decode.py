@@ -14,6 +14,7 @@ from specdeploy.engine import step as step_module
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.sampling import sample, sampling_probs
+from specdeploy.engine.single_pass import target_pass
 from specdeploy.engine.step import StepRunner
 from specdeploy.engine.tree import TreeBatch, ancestor_matrix, walk
 from specdeploy.errors import SpecdeployError
@@ -164,7 +165,7 @@ def exact_three_token_distribution(target, prompt, params):
     vocab = target.config.vocab_size
 
     def probs(prefix):
-        logits = target(torch.tensor([prefix]), torch.arange(len(prefix))[None]).logits[0, -1]
+        logits = target_pass(target, torch.tensor([prefix]), torch.arange(len(prefix))[None])[0][0, -1]
         return sampling_probs(logits, params)
 
     table = {}
