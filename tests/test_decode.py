@@ -57,7 +57,7 @@ def test_every_mode_equals_ar_and_transformers_greedy(pairs, family):
     # target's own token every step. Here the chain holds known true tokens: the accept lengths are fixed in
     # advance, and the output must still be ar's.
     oracle = Decoder(target, drafter, "dflash")
-    oracle.runner = ChainOracleRunner(
+    oracle.engine.shared = ChainOracleRunner(
         target, drafter, "dflash", None, truth=ar.token_ids, prompt_len=len(prompt)
     )
     chained = oracle.generate(prompt, params)
@@ -153,7 +153,9 @@ def test_long_accepted_paths_are_compacted_correctly(pairs, family):
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     truth = Decoder(target, mode="ar").generate(prompt, params).token_ids
     oracle = Decoder(target, drafter, "ddtree", 64)
-    oracle.runner = PathOracleRunner(target, drafter, "ddtree", 64, truth=truth, prompt_len=len(prompt))
+    oracle.engine.shared = PathOracleRunner(
+        target, drafter, "ddtree", 64, truth=truth, prompt_len=len(prompt)
+    )
     result = oracle.generate(prompt, params)
     assert result.token_ids == truth
     # six true tokens drafted per step plus the bonus; only the last step is cut by max_new_tokens

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdeploy.engine.budget import BudgetPolicy, CostCurve, StepCost, measure_step_cost
-from specdeploy.engine.decode import Step, StopRules
+from specdeploy.engine.request import Step, StopRules, check_mode
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import StepRunner
 from specdeploy.errors import SpecdeployError
@@ -49,11 +49,16 @@ class Request:
 @dataclass
 class Event:
     """A request's step: its first token (after its prefill) or one verify step's committed tokens; or, with
-    `error` set and no step, why the request failed and left."""
+    `failure` set and no step, why the request failed and left."""
 
     request: Request
     step: Step | None
-    error: str | None = None
+    failure: Exception | None = None
+    at: float = field(default_factory=time.perf_counter)  # made once the step's tokens reached the host
+
+    @property
+    def error(self) -> str | None:
+        return None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}"
 
 
 class BatchEngine:
@@ -73,10 +78,12 @@ class BatchEngine:
         """`max_context`: positions (prompt + new tokens) a request may reach; `policy` picks each step's
         DDTree budget (default: always `budget`, which then is the largest the policy may pick); `pad_rows`:
         steps run on buckets of rows (StepRunner; default with CUDA graphs)."""
+        check_mode(mode, drafter is not None, budget)
         if max_running < 1:
             raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
-        self.target, self.drafter, self.mode, self.budget = target, drafter, mode, budget
-        self.max_running, self.max_context = max_running, max_context
+        self.target, self.mode, self.budget = target, mode, budget
+        self.drafter = drafter if mode != "ar" else None
+        self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.policy = policy
         self.device = target.embed_tokens.weight.device
@@ -87,12 +94,11 @@ class BatchEngine:
         self.per_request = target.has_recurrent_layers
         self._runner_options = {"cuda_graphs": cuda_graphs, "pad_rows": pad_rows}
         self.shared = None if self.per_request else self._make_runner(max_running)
-        if self.shared is not None:
-            self.shared.reserve(max_context)
-        budgets = policy.budgets if policy is not None else [budget]
+        self._budgets = policy.budgets if policy is not None else [budget]  # every budget a step may use
         started = time.perf_counter()
-        # Every graph a greedy step can need, captured now rather than inside the first requests' steps.
-        self.graphs_captured = self.shared.capture(budgets) if self.shared is not None else 0
+        self.graphs_captured = 0
+        self.max_context = 0
+        self.reserve(max_context)
         if policy is not None and policy.cost is None:
             policy.cost = self._measure_step_cost(policy.budgets)
         self.startup_s = time.perf_counter() - started
@@ -113,6 +119,17 @@ class BatchEngine:
         one = measure_step_cost(runner, budgets)
         return StepCost({b: CostCurve({1: one(1, b), self.max_running: self.max_running * one(1, b)})
                          for b in budgets})  # fmt: skip
+
+    def reserve(self, max_context: int) -> None:
+        """Let requests reach `max_context` positions (prompt + new tokens). Growing the shared caches needs no
+        request running; every graph a greedy step can need is captured then, not inside requests' steps."""
+        context = max(self.max_context, max_context)
+        if self.shared is not None:
+            caches = self.shared.cache
+            self.shared.reserve(context)
+            if self.shared.cache is not caches:
+                self.graphs_captured += self.shared.capture(self._budgets)
+        self.max_context = context
 
     @property
     def num_running(self) -> int:
@@ -190,7 +207,7 @@ class BatchEngine:
             request.runner.abandon()
             self.prefilling = None
         request.finished = True
-        return Event(request, None, f"{type(exc).__name__}: {exc}")
+        return Event(request, None, exc)
 
     def _begin(self, request: Request) -> None:
         runner = self._make_runner(1) if self.per_request else self.shared
