@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 import torch
@@ -282,6 +283,26 @@ def test_stop_tokens_and_length_limits(pairs):
         prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop,))
     )
     assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
+
+
+def test_one_decoder_grows_between_requests_and_frees_a_left_stream(pairs):
+    """The decoder's engine grows its caches for a longer request, and a stream its consumer leaves early
+    frees the row: later requests still give AR's tokens, timed from the call to the last step."""
+    target, drafter = loaded(pairs["qwen3"])
+    prompt = [3, 4, 5]
+    long = SamplingParams(max_new_tokens=150, ignore_eos=True)
+    truth = Decoder(target, mode="ar").generate(prompt, long).token_ids
+    decoder = Decoder(target, drafter, "ddtree", 8)
+    stream = decoder.stream(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    assert len(next(stream).token_ids) == 1  # the prefill's first token
+    stream.close()
+    assert decoder.engine.idle and decoder.runner.active == 0
+    capacity = decoder.runner.cache.capacity
+    started = time.perf_counter()
+    result = decoder.generate(prompt, long)
+    wall = time.perf_counter() - started
+    assert result.token_ids == truth and decoder.runner.cache.capacity > capacity
+    assert 0 < result.prefill_s and 0 < result.decode_s and result.prefill_s + result.decode_s <= wall
 
 
 def test_decoder_rejects_bad_configurations(pairs):

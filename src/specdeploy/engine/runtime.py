@@ -97,7 +97,7 @@ def load_engine(
     batching engine's static caches hold that many per running request."""
     from specdeploy.engine.loading import load_drafter, load_target
 
-    check_mode(mode, draft is not None, budget)
+    check_mode(mode, draft is not None, budget)  # before any weights load
     torch_device = resolve_device(device)
     if torch_device.type == "cpu":
         set_cpu_threads(threads)
