@@ -30,7 +30,9 @@ from specdeploy.zoo.prompts import held_out_prompts  # noqa: E402
 from specdeploy.zoo.registry import get_pair  # noqa: E402
 
 
-def drain(engine: BatchEngine, prompts: list[list[int]], params: SamplingParams, together: bool) -> list[list[int]]:
+def drain(
+    engine: BatchEngine, prompts: list[list[int]], params: SamplingParams, together: bool
+) -> list[list[int]]:
     """Every prompt's output tokens, submitted all at once or each after the previous one finished."""
     outputs = []
     batches = [prompts] if together else [[p] for p in prompts]
@@ -86,7 +88,9 @@ def measure(pair_name: str, mode_key: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pairs", default="tiny-code,tiny-hybrid")
     parser.add_argument("--modes", default="ar,ddtree-8", help="ar, dflash or ddtree-B, comma-separated")
     parser.add_argument("--requests", type=int, default=8)

@@ -66,7 +66,9 @@ def target_config(family: str, vocab: int, layers: int = 4):
             linear_num_value_heads=4,
             linear_key_head_dim=8,
             linear_value_head_dim=8,
-            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"][:layers],
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"][
+                :layers
+            ],
             mlp_only_layers=list(range(layers)),
         )
     raise ValueError(family)

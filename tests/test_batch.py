@@ -268,7 +268,8 @@ def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_give
     prompt = [3, 17, 9, 41, 5]
     stepped = StepRunner(target, drafter, "ddtree", 8)
     stepped.reserve(128)
-    tokens = prompt + [stepped.admit(prompt, SamplingParams(), None)]
+    stepped.begin(prompt, SamplingParams(), None)
+    tokens = prompt + [stepped.prefill(len(prompt))]
     for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0):
         tokens += stepped.step(budget)[0][0]
     prefix = stepped.running[0].prefix
@@ -276,7 +277,8 @@ def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_give
     assert taken_in > len(prompt) + 6
     prefilled = StepRunner(target, drafter, "ddtree", 8)
     prefilled.reserve(128)
-    prefilled.admit(tokens[:prefix], SamplingParams(), None)
+    prefilled.begin(tokens[:prefix], SamplingParams(), None)
+    prefilled.prefill(prefix)
     for mine, theirs in zip(stepped.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
         for a, b in zip(mine, theirs, strict=True):
             torch.testing.assert_close(a[:, 0, :taken_in], b[:, 0, :taken_in], rtol=1e-4, atol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from specdeploy.engine import step as step_module
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.sampling import sample, sampling_probs
+from specdeploy.engine.single_pass import target_pass
 from specdeploy.engine.step import StepRunner
 from specdeploy.engine.tree import TreeBatch, ancestor_matrix, walk
 from specdeploy.errors import SpecdeployError
@@ -56,7 +58,7 @@ def test_every_mode_equals_ar_and_transformers_greedy(pairs, family):
     # target's own token every step. Here the chain holds known true tokens: the accept lengths are fixed in
     # advance, and the output must still be ar's.
     oracle = Decoder(target, drafter, "dflash")
-    oracle.runner = ChainOracleRunner(
+    oracle.engine.runner = ChainOracleRunner(
         target, drafter, "dflash", None, truth=ar.token_ids, prompt_len=len(prompt)
     )
     chained = oracle.generate(prompt, params)
@@ -152,7 +154,9 @@ def test_long_accepted_paths_are_compacted_correctly(pairs, family):
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     truth = Decoder(target, mode="ar").generate(prompt, params).token_ids
     oracle = Decoder(target, drafter, "ddtree", 64)
-    oracle.runner = PathOracleRunner(target, drafter, "ddtree", 64, truth=truth, prompt_len=len(prompt))
+    oracle.engine.runner = PathOracleRunner(
+        target, drafter, "ddtree", 64, truth=truth, prompt_len=len(prompt)
+    )
     result = oracle.generate(prompt, params)
     assert result.token_ids == truth
     # six true tokens drafted per step plus the bonus; only the last step is cut by max_new_tokens
@@ -164,7 +168,7 @@ def exact_three_token_distribution(target, prompt, params):
     vocab = target.config.vocab_size
 
     def probs(prefix):
-        logits = target(torch.tensor([prefix]), torch.arange(len(prefix))[None]).logits[0, -1]
+        logits = target_pass(target, torch.tensor([prefix]), torch.arange(len(prefix))[None])[0][0, -1]
         return sampling_probs(logits, params)
 
     table = {}
@@ -279,6 +283,26 @@ def test_stop_tokens_and_length_limits(pairs):
         prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop,))
     )
     assert stopped.token_ids == free.token_ids[: first + 1] and stopped.finish_reason == "stop"
+
+
+def test_one_decoder_grows_between_requests_and_frees_a_left_stream(pairs):
+    """The decoder's engine grows its caches for a longer request, and a stream its consumer leaves early
+    frees the row: later requests still give AR's tokens, timed from the call to the last step."""
+    target, drafter = loaded(pairs["qwen3"])
+    prompt = [3, 4, 5]
+    long = SamplingParams(max_new_tokens=150, ignore_eos=True)
+    truth = Decoder(target, mode="ar").generate(prompt, long).token_ids
+    decoder = Decoder(target, drafter, "ddtree", 8)
+    stream = decoder.stream(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    assert len(next(stream).token_ids) == 1  # the prefill's first token
+    stream.close()
+    assert decoder.engine.idle and decoder.runner.active == 0
+    capacity = decoder.runner.cache.capacity
+    started = time.perf_counter()
+    result = decoder.generate(prompt, long)
+    wall = time.perf_counter() - started
+    assert result.token_ids == truth and decoder.runner.cache.capacity > capacity
+    assert 0 < result.prefill_s and 0 < result.decode_s and result.prefill_s + result.decode_s <= wall
 
 
 def test_decoder_rejects_bad_configurations(pairs):

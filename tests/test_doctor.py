@@ -229,7 +229,7 @@ def test_reference_server_reports_the_histogram_of_its_steps() -> None:
     target, draft = MODELS_DIR / "tiny-code" / "target", MODELS_DIR / "tiny-code" / "draft"
     engine = load_engine(target, draft, "dflash")
     ids = engine.tokenizer.encode("def parse(line):\n", add_special_tokens=False)
-    expected = engine.decoder.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    expected = engine.decoder().generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
     with TestClient(create_app(load_engine(target, draft, "dflash"), ServerConfig())) as client:
         body = {
             "input_ids": ids,

@@ -15,6 +15,7 @@ from dflash.model import build_target_layer_ids as dflash_layer_ids
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.engine.drafter_config import build_target_layer_ids
 from specdeploy.engine.loading import load_drafter, save_drafter
+from specdeploy.engine.single_pass import draft_pass
 from specdeploy.errors import SpecdeployError
 
 HIDDEN, VOCAB, BLOCK = 32, 64, 8
@@ -90,8 +91,7 @@ def test_matches_dflash_step_by_step(variant: str, tmp_path: Path) -> None:
     batch, start = 2, 0
     ours, theirs = drafter.new_cache(batch), _make_cache(oracle.config)
     for ctx_len, crop_to in STEPS:
-        if crop_to is not None:
-            ours.crop(crop_to)
+        if crop_to is not None:  # ours: the next pass writes after `crop_to` committed slots
             _crop_to(theirs, crop_to)
             start = crop_to
         context = torch.randn(batch, ctx_len, len(LAYER_IDS) * HIDDEN)
@@ -106,8 +106,7 @@ def test_matches_dflash_step_by_step(variant: str, tmp_path: Path) -> None:
             use_cache=True,
         )
         _crop_to(theirs, start)  # dflash_generate drops the block's keys after every draft
-        hidden = drafter(noise, context, positions, ours)
-        assert ours.length == start
+        hidden = draft_pass(drafter, noise, context, positions, ours, cached=start - ctx_len)
         torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=0)
         torch.testing.assert_close(
             drafter.compute_logits(hidden, lm_head),
@@ -134,7 +133,7 @@ def test_loads_checkpoints_written_by_dflash(tmp_path: Path) -> None:
     context, noise = torch.randn(1, 5, 2 * HIDDEN), torch.randn(1, BLOCK, HIDDEN)
     positions = torch.arange(5 + BLOCK)[None]
     expected = oracle(position_ids=positions, noise_embedding=noise, target_hidden=context)
-    torch.testing.assert_close(drafter(noise, context, positions, None), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(draft_pass(drafter, noise, context, positions), expected, atol=1e-4, rtol=0)
 
 
 def training_mask(context_len: int, starts: list[int]) -> torch.Tensor:
@@ -157,12 +156,10 @@ def test_training_mask_reproduces_inference_per_block(variant: str) -> None:
     noise = torch.randn(1, len(starts) * BLOCK, HIDDEN)
     block_positions = [torch.arange(start, start + BLOCK) for start in starts]
     positions = torch.cat([torch.arange(context_len), *block_positions])[None]
-    trained = drafter(noise, context, positions, None, training_mask(context_len, starts))
+    trained = draft_pass(drafter, noise, context, positions, mask=training_mask(context_len, starts))
     for j, start in enumerate(starts):
         block = slice(j * BLOCK, (j + 1) * BLOCK)
-        alone = drafter(
-            noise[:, block], context[:, :start], torch.arange(start + BLOCK)[None], drafter.new_cache()
-        )
+        alone = draft_pass(drafter, noise[:, block], context[:, :start], torch.arange(start + BLOCK)[None])
         torch.testing.assert_close(trained[:, block], alone, atol=1e-5, rtol=0)
 
 
@@ -170,16 +167,18 @@ def test_training_mask_reproduces_inference_per_block(variant: str) -> None:
 def test_all_visible_mask_equals_default_with_cache() -> None:
     drafter = random_drafter(VARIANTS["sliding"])
     cache = drafter.new_cache()
-    drafter(
-        torch.randn(1, BLOCK, HIDDEN), torch.randn(1, 6, 2 * HIDDEN), torch.arange(6 + BLOCK)[None], cache
+    draft_pass(
+        drafter,
+        torch.randn(1, BLOCK, HIDDEN),
+        torch.randn(1, 6, 2 * HIDDEN),
+        torch.arange(6 + BLOCK)[None],
+        cache,
     )
-    cache.crop(6)
     noise, context = torch.randn(1, BLOCK, HIDDEN), torch.randn(1, 2, 2 * HIDDEN)
     positions = torch.arange(4, 8 + BLOCK)[None][:, 2:]
-    default = drafter(noise, context, positions, cache)
-    cache.crop(6)
+    default = draft_pass(drafter, noise, context, positions, cache, cached=6)
     everything = torch.ones(1, BLOCK, 8 + BLOCK, dtype=torch.bool)
-    torch.testing.assert_close(drafter(noise, context, positions, cache, everything), default)
+    torch.testing.assert_close(draft_pass(drafter, noise, context, positions, cache, 6, everything), default)
 
 
 def test_kimi_drafter_uses_legacy_yarn_attention_factor() -> None:
@@ -272,12 +271,20 @@ def test_bad_inputs_raise_clear_errors() -> None:
     drafter = DFlashDrafter(tiny_config())
     noise, context = torch.randn(1, BLOCK, HIDDEN), torch.randn(1, 2, 2 * HIDDEN)
     with pytest.raises(SpecdeployError, match="expected C\\+L=10"):
-        drafter(noise, context, torch.arange(BLOCK)[None])
+        draft_pass(drafter, noise, context, torch.arange(BLOCK)[None])
     with pytest.raises(SpecdeployError, match="context features of width 64, got 32 and 32"):
-        drafter(noise, context[..., :HIDDEN], torch.arange(2 + BLOCK)[None])
-    with pytest.raises(SpecdeployError, match="attention_mask must be"):
-        drafter(
-            noise, context, torch.arange(2 + BLOCK)[None], None, torch.ones(1, BLOCK, 3, dtype=torch.bool)
+        draft_pass(drafter, noise, context[..., :HIDDEN], torch.arange(2 + BLOCK)[None])
+    with pytest.raises(SpecdeployError, match="mask must be"):
+        draft_pass(
+            drafter,
+            noise,
+            context,
+            torch.arange(2 + BLOCK)[None],
+            mask=torch.ones(1, BLOCK, 3, dtype=torch.bool),
+        )
+    with pytest.raises(SpecdeployError, match="this pass needs 1 rows of 16"):  # past the cache's last slot
+        draft_pass(
+            drafter, noise, context, torch.arange(6, 6 + 2 + BLOCK)[None], drafter.new_cache(1, 16), cached=6
         )
     with pytest.raises(SpecdeployError, match="no dflash_config.mask_token_id"):
         DFlashDrafter(tiny_config(dflash_config={"target_layer_ids": LAYER_IDS}))

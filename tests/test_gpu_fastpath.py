@@ -11,6 +11,7 @@ from decode_helpers import write_pair
 from specdeploy.engine import ops
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
+from specdeploy.engine.single_pass import target_pass
 
 pytestmark = [
     pytest.mark.gpu,
@@ -226,8 +227,10 @@ def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     def logits() -> tuple[torch.Tensor, torch.Tensor]:
         cache = target.new_cache(1, 32)
         with torch.inference_mode():
-            first = target(sequence[:, :7], torch.arange(7, device="cuda")[None], cache).logits
-            second = target(sequence[:, 7:], torch.arange(7, 12, device="cuda")[None], cache).logits
+            first, _ = target_pass(target, sequence[:, :7], torch.arange(7, device="cuda")[None], cache)
+            second, _ = target_pass(
+                target, sequence[:, 7:], torch.arange(7, 12, device="cuda")[None], cache, 7
+            )
         return first, second
 
     got = logits()

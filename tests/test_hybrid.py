@@ -11,10 +11,10 @@ from transformers import Qwen3NextForCausalLM
 from tree_oracle import DraftTree
 
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.forward_batch import append_batch
 from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.models.gated_delta_rule import chain_rule, chunked_rule, replay, rule_inputs, tree_rule
 from specdeploy.engine.recurrent_state import conv_windows
+from specdeploy.engine.single_pass import target_pass
 from specdeploy.engine.tree import root_paths
 from specdeploy.errors import SpecdeployError
 
@@ -57,13 +57,12 @@ def new_cache(model):
 def run_chain(model, cache, ids: list[int] | torch.Tensor, start: int) -> torch.Tensor:
     """Logits [T, V] of `ids` after `start` committed positions, committed at once (a prefill chunk)."""
     ids = torch.as_tensor(ids).reshape(1, -1)
-    batch = append_batch(torch.arange(start, start + ids.shape[1])[None], start, cache.capacity, 1)
-    hidden, _ = model.run(ids, batch, cache)
-    return model.lm_head(hidden)[0].float()
+    positions = torch.arange(start, start + ids.shape[1])[None]
+    return target_pass(model, ids, positions, cache, cached=start)[0][0]
 
 
 def fresh_logits(model, ids: list[int]) -> torch.Tensor:
-    return run_chain(model, new_cache(model), ids, 0)
+    return run_chain(model, None, ids, 0)
 
 
 def verify_tree(model, cache, prefix: int, root: int, tree: DraftTree) -> torch.Tensor:
@@ -71,8 +70,7 @@ def verify_tree(model, cache, prefix: int, root: int, tree: DraftTree) -> torch.
     ids = torch.tensor([[root, *tree.tokens]])
     pos = prefix + torch.tensor([[0, *tree.depths]])
     mask = torch.cat([torch.ones(tree.size + 1, prefix, dtype=torch.bool), tree.ancestor_mask()], dim=1)[None]
-    hidden, _ = model.run(ids, append_batch(pos, prefix, cache.capacity, 1, mask), cache)
-    return model.lm_head(hidden)[0].float()
+    return target_pass(model, ids, pos, cache, cached=prefix, mask=mask)[0][0]
 
 
 def keep_path(model, cache, prefix: int, path: list[int]) -> None:
@@ -167,6 +165,16 @@ def test_a_row_that_keeps_nothing_keeps_its_state_and_a_tree_too_large_for_the_r
     assert all(torch.equal(a, b) for a, b in zip(before, cache.recurrent.tensors, strict=True))
     with pytest.raises(SpecdeployError, match="exceeds the recurrent cache's record of 32"):
         verify_tree(target, cache, len(prefix), 1, random_tree(40, seed=3))
+    sibling_sees_sibling = torch.tensor([[[True] * 6 + [True, False, False], [True] * 6 + [True, True, False],
+                                          [True] * 6 + [False, True, True]]])  # fmt: skip
+    with pytest.raises(SpecdeployError, match="not a tree"):
+        target_pass(
+            target, torch.tensor([[1, 2, 3]]), torch.tensor([[6, 7, 7]]), cache, 6, sibling_sees_sibling
+        )
+    hides_the_prefix = torch.ones(1, 1, 7, dtype=torch.bool)
+    hides_the_prefix[0, 0, 2] = False
+    with pytest.raises(SpecdeployError, match="cannot hide committed tokens"):
+        target_pass(target, torch.tensor([[1]]), torch.tensor([[6]]), cache, 6, hides_the_prefix)
 
 
 def test_greedy_decoding_is_the_same_in_every_mode_and_equals_transformers(checkpoints):

@@ -252,7 +252,9 @@ def test_dflash_plans_say_how_they_schedule_and_verify(recipe, hardware):
     assert "return_hidden_states" in overlap and "--disable-overlap-schedule" not in plan.argv
     sampling = reasons["no --speculative-use-rejection-sampling, no --speculative-use-block-verification"]
     assert load_recipe(recipe).dflash.path in sampling and "EAGLE-family path" in sampling
-    assert not {"--speculative-use-rejection-sampling", "--speculative-use-block-verification"} & set(plan.argv)
+    assert not {"--speculative-use-rejection-sampling", "--speculative-use-block-verification"} & set(
+        plan.argv
+    )
 
 
 @pytest.mark.parametrize("mode", ["ar", "eagle3", "ddtree"])

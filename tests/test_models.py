@@ -22,6 +22,7 @@ from transformers import (
 
 from specdeploy.engine.loading import load_target
 from specdeploy.engine.models.base import TargetModel
+from specdeploy.engine.single_pass import target_pass
 from specdeploy.errors import SpecdeployError
 
 VOCAB = 96
@@ -146,10 +147,10 @@ def test_logits_match_transformers(checkpoints, variant: str) -> None:
     model = load_target(path)
     ids = torch.cat([tokens(11, 1), tokens(11, 2)])  # batch of 2
     with torch.no_grad():
-        out = model(ids, positions(0, 11))
+        logits, hidden = target_pass(model, ids, positions(0, 11))
     expected = reference_logits(reference, ids)
-    assert out.logits.dtype == torch.float32 and out.hidden is None
-    assert (out.logits - expected).abs().max() <= 1e-4
+    assert logits.dtype == torch.float32 and hidden is None
+    assert (logits - expected).abs().max() <= 1e-4
     assert expected.std() > 0.5  # the comparison is not between two near-constant outputs
 
 
@@ -175,11 +176,12 @@ def test_incremental_decoding_matches_full_forward(checkpoints, variant: str) ->
     expected = reference_logits(reference, ids)
     cache = model.new_cache()
     with torch.no_grad():
-        steps = [model(ids[:, :6], positions(0, 6), cache)]  # prefill
-        steps.append(model(ids[:, 6:7], positions(6, 1), cache))  # one token
-        steps.append(model(ids[:, 7:10], positions(7, 3), cache))  # a block of three
-    assert cache.length == 10
-    assert (torch.cat([s.logits for s in steps], dim=1) - expected).abs().max() <= 1e-4
+        steps = [target_pass(model, ids[:, :6], positions(0, 6), cache)[0]]  # prefill
+        steps.append(target_pass(model, ids[:, 6:7], positions(6, 1), cache, cached=6)[0])  # one token
+        steps.append(
+            target_pass(model, ids[:, 7:10], positions(7, 3), cache, cached=7)[0]
+        )  # a block of three
+    assert (torch.cat(steps, dim=1) - expected).abs().max() <= 1e-4
 
 
 # A tree after the prefix: node 0 is the root; siblings sit between each other in sequence order.
@@ -216,16 +218,16 @@ def test_tree_mask_gives_each_node_its_path_logits(checkpoints, variant: str) ->
     nodes, node_positions, mask = tree_inputs(5, 5)
     cache = model.new_cache()
     with torch.no_grad():
-        model(prefix, positions(0, 5), cache)
-        out = model(nodes, node_positions, cache, mask)
+        target_pass(model, prefix, positions(0, 5), cache)
+        logits, _ = target_pass(model, nodes, node_positions, cache, cached=5, mask=mask)
     for node in range(len(TREE_PARENTS)):
         sequence = torch.cat([prefix, nodes[:, path_to(node)]], dim=1)
         expected = reference_logits(reference, sequence)[0, -1]
-        assert (out.logits[0, node] - expected).abs().max() <= 1e-4, f"node {node}"
+        assert (logits[0, node] - expected).abs().max() <= 1e-4, f"node {node}"
 
 
 @pytest.mark.parametrize("variant", CACHE_VARIANTS)
-def test_keep_accepted_path_then_continue(checkpoints, variant: str) -> None:
+def test_move_accepted_path_into_place_then_continue(checkpoints, variant: str) -> None:
     reference, path = checkpoints[variant]
     model = load_target(path)
     prefix = tokens(5, 6)
@@ -233,13 +235,14 @@ def test_keep_accepted_path_then_continue(checkpoints, variant: str) -> None:
     accepted = path_to(6)  # root -> 1 -> 3 -> 6
     follow = tokens(2, 8)
     cache = model.new_cache()
+    committed = 5 + len(accepted)
     with torch.no_grad():
-        model(prefix, positions(0, 5), cache)
-        model(nodes, node_positions, cache, mask)
-        cache.keep(torch.cat([torch.arange(5), 5 + torch.tensor(accepted)]))
-        out = model(follow, positions(cache.length, 2), cache)
+        target_pass(model, prefix, positions(0, 5), cache)
+        target_pass(model, nodes, node_positions, cache, cached=5, mask=mask)
+        cache.move(5 + torch.tensor([accepted]), 5 + torch.arange(len(accepted))[None])  # what a commit does
+        logits, _ = target_pass(model, follow, positions(committed, 2), cache, cached=committed)
     sequence = torch.cat([prefix, nodes[:, accepted], follow], dim=1)
-    assert (out.logits - reference_logits(reference, sequence)[:, -2:]).abs().max() <= 1e-4
+    assert (logits - reference_logits(reference, sequence)[:, -2:]).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize("variant", ["qwen3", "deepseek-v3-kimi"])
@@ -249,11 +252,11 @@ def test_hidden_layer_ids_are_transformers_hidden_states(checkpoints, variant: s
     ids = tokens(7, 9)
     layer_ids = [2, 0, 1]  # any order; 2 is the last layer, which transformers reports after the final norm
     with torch.no_grad():
-        out = model(ids, positions(0, 7), hidden_layer_ids=layer_ids)
+        _, hidden = target_pass(model, ids, positions(0, 7), hidden_layer_ids=layer_ids)
         states = reference(ids, output_hidden_states=True).hidden_states
     expected = torch.cat([states[i + 1] for i in layer_ids], dim=-1)
-    assert out.hidden.shape == (1, 7, 3 * 64)
-    assert (out.hidden - expected).abs().max() <= 1e-4
+    assert hidden.shape == (1, 7, 3 * 64)
+    assert (hidden - expected).abs().max() <= 1e-4
 
 
 def test_sharded_checkpoint_loads(checkpoints, tmp_path: Path) -> None:
@@ -262,7 +265,7 @@ def test_sharded_checkpoint_loads(checkpoints, tmp_path: Path) -> None:
     assert (tmp_path / "model.safetensors.index.json").is_file()
     ids = tokens(6, 10)
     with torch.no_grad():
-        logits = load_target(tmp_path)(ids, positions(0, 6)).logits
+        logits, _ = target_pass(load_target(tmp_path), ids, positions(0, 6))
     assert (logits - reference_logits(reference, ids)).abs().max() <= 1e-4
 
 
@@ -283,7 +286,7 @@ def test_kimi_wrapper_loads_text_model(checkpoints, tmp_path: Path) -> None:
     assert model.config.architecture == "KimiK25ForConditionalGeneration"
     ids = tokens(6, 11)
     with torch.no_grad():
-        logits = model(ids, positions(0, 6)).logits
+        logits, _ = target_pass(model, ids, positions(0, 6))
     assert (logits - reference_logits(reference, ids)).abs().max() <= 1e-4
 
 
@@ -394,15 +397,17 @@ def test_wrapper_with_unsupported_text_model(checkpoints, tmp_path: Path) -> Non
         load_target(path)
 
 
-def test_bad_forward_arguments(checkpoints) -> None:
+def test_bad_pass_arguments(checkpoints) -> None:
     model: TargetModel = load_target(checkpoints["qwen3"][1])
     ids = tokens(4)
-    with pytest.raises(SpecdeployError, match=r"attention_mask must be a bool tensor \[1\|1, 4, 4\]"):
-        model(ids, positions(0, 4), attention_mask=torch.ones(1, 4, 5, dtype=torch.bool))
+    with pytest.raises(SpecdeployError, match=r"mask must be a bool tensor \[1\|1, 4, 4\]"):
+        target_pass(model, ids, positions(0, 4), mask=torch.ones(1, 4, 5, dtype=torch.bool))
     with pytest.raises(SpecdeployError, match="hidden_layer_ids \\[3\\] out of range"):
-        model(ids, positions(0, 4), hidden_layer_ids=[3])
-    with pytest.raises(SpecdeployError, match="position_ids must be"):
-        model(ids, positions(0, 3))
+        target_pass(model, ids, positions(0, 4), hidden_layer_ids=[3])
+    with pytest.raises(SpecdeployError, match="positions must be"):
+        target_pass(model, ids, positions(0, 3))
+    with pytest.raises(SpecdeployError, match="this pass needs 1 rows of 12"):  # would spill into row 1
+        target_pass(model, ids, positions(8, 4), model.new_cache(2, 12), cached=8)
 
 
 # --------------------------------------------------------------------------------------------- GPU
@@ -414,7 +419,9 @@ def assert_bfloat16_as_close_as_transformers(reference: PreTrainedModel, path: P
     with torch.no_grad():
         exact = copy.deepcopy(reference).to(device)(ids).logits.float()
         theirs = copy.deepcopy(reference).to(device, torch.bfloat16)(ids).logits.float()
-        ours = load_target(path, device=device, dtype=torch.bfloat16)(ids, positions(0, 32).to(device)).logits
+        ours, _ = target_pass(
+            load_target(path, device=device, dtype=torch.bfloat16), ids, positions(0, 32).to(device)
+        )
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
     assert (ours - exact).abs().mean() <= 2 * (theirs - exact).abs().mean()
 

@@ -127,7 +127,9 @@ def test_sglangs_own_memory_fraction_is_the_one_the_plan_holds_its_headroom_agai
         gpu = plan.memory.gpu_memory
         predicted = round((gpu - plan.memory.sglang_reserve) / gpu, 3)
         said = float(verdict.message.split("mem_fraction_static ")[1].split(",")[0])
-        assert said == predicted, f"{plan.recipe} {plan.hardware} {plan.mode}: SGLang {said}, plan {predicted}"
+        assert said == predicted, (
+            f"{plan.recipe} {plan.hardware} {plan.mode}: SGLang {said}, plan {predicted}"
+        )
 
 
 @_marked

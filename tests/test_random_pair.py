@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.engine.loading import load_drafter
+from specdeploy.engine.single_pass import draft_pass
 from specdeploy.errors import SpecdeployError
 from specdeploy.zoo.byte_tokenizer import EOS_TOKEN_ID, MASK_TOKEN_ID
 from specdeploy.zoo.random_pair import FAMILIES, write_random_pair
@@ -60,7 +61,7 @@ def test_pair_loads_and_fits(family: str, tmp_path: Path) -> None:
         block = torch.full((1, drafter.block_size), MASK_TOKEN_ID)
         noise = target.get_input_embeddings()(block)
         positions = torch.arange(ids.shape[1] + drafter.block_size)[None]
-        hidden = drafter(noise, context, positions, drafter.new_cache())
+        hidden = draft_pass(drafter, noise, context, positions)
         logits = drafter.compute_logits(hidden, target.lm_head)
     assert logits.shape == (1, drafter.block_size, len(tokenizer))
     assert torch.isfinite(logits).all()

@@ -95,7 +95,7 @@ def test_generate_matches_the_decoder_and_reports_sglang_meta_info(client: httpx
     body = generate(client, max_new_tokens=12).json()
     engine = load_engine(str(pair[0]), str(pair[1]), "ddtree", BUDGET)
     prompt_ids = engine.tokenizer.encode(PROMPT)
-    expected = engine.decoder.generate(prompt_ids, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    expected = engine.decoder().generate(prompt_ids, SamplingParams(max_new_tokens=12, ignore_eos=True))
     assert body["output_ids"] == expected.token_ids
     assert body["text"] == engine.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
     meta = body["meta_info"]

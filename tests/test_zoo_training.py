@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.drafter import DFlashDrafter
+from specdeploy.engine.single_pass import draft_pass
 from specdeploy.zoo.chunk import ChunkLimit
 from specdeploy.zoo.data import tokenizer_sample
 from specdeploy.zoo.rollouts import prompt_starts
@@ -65,12 +66,14 @@ def test_training_forward_equals_decode_time_forward_for_every_block() -> None:
     context, _ = target_features(target, sequences, drafter.target_layer_ids)
     noise = target.get_input_embeddings()(blocks.block_ids)
     with torch.no_grad():
-        trained = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
+        trained = draft_pass(drafter, noise, context, blocks.positions, mask=blocks.attention_mask)
         for row in range(2):
             for j in range(3):
                 anchor = int(blocks.positions[row, 64 + 16 * j])
                 block = noise[row : row + 1, 16 * j : 16 * j + 16]
-                decoded = drafter(block, context[row : row + 1, :anchor], torch.arange(anchor + 16)[None])
+                decoded = draft_pass(
+                    drafter, block, context[row : row + 1, :anchor], torch.arange(anchor + 16)[None]
+                )
                 torch.testing.assert_close(decoded, trained[row : row + 1, 16 * j : 16 * j + 16])
 
 
@@ -96,7 +99,7 @@ def test_slots_learn_the_targets_greedy_tokens_with_decaying_weights() -> None:
     with torch.no_grad():
         context, _ = target_features(target, sequences, drafter.target_layer_ids)
         noise = target.get_input_embeddings()(blocks.block_ids)
-        hidden = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
+        hidden = draft_pass(drafter, noise, context, blocks.positions, mask=blocks.attention_mask)
         logits = drafter.compute_logits(hidden, target.get_output_embeddings()).float()
     total, weights = 0.0, 0.0
     for k in range(16):

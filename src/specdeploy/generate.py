@@ -56,7 +56,7 @@ def generate(
     target_path, draft_path = resolve_models(target, draft, mode, budget)
     engine = load_engine(target_path, draft_path, mode, budget, device=device, dtype=dtype, threads=threads)
     prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-    result = engine.decoder.generate(prompt_ids, params)
+    result = engine.decoder().generate(prompt_ids, params)
     text = engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     report = {
         "mode": mode,

@@ -46,7 +46,11 @@ def sse_error(message: str, status: int) -> bytes:
 
 
 def spec_metrics(
-    completion_tokens: int, verify_ct: int, correct: int, proposed: int, correct_per_step: list[int] | None = None
+    completion_tokens: int,
+    verify_ct: int,
+    correct: int,
+    proposed: int,
+    correct_per_step: list[int] | None = None,
 ) -> dict[str, Any]:
     """SGLang's per-request speculative counters; spec_accept_length counts the bonus token of each step.
     `correct_per_step` (drafted tokens accepted by each verify step) gives SGLang's

@@ -115,7 +115,8 @@ def bench(
     random_output_len: int = typer.Option(256, help="random dataset: output tokens (ignore_eos)."),
     random_vocab_size: int = typer.Option(32000, help="random dataset: token ids are drawn below this."),
     price_per_gpu_hour: float | None = typer.Option(
-        None, help="USD per GPU-hour: each cell's telemetry states $ per million tokens on the GPUs it sampled."
+        None,
+        help="USD per GPU-hour: each cell's telemetry states $ per million tokens on the GPUs it sampled.",
     ),
     out: Path | None = typer.Option(None, help="Run directory (default runs/bench-<UTC time>)."),
     resume: bool = typer.Option(False, help="Continue the run in --out, measuring only its missing cells."),

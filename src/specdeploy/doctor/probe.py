@@ -56,10 +56,11 @@ def probe_engine(
     from specdeploy.engine.sampling import SamplingParams
 
     groups = _groups(requests, engine.block_size - 1)  # a DDTree path is no deeper than DFlash's block
+    decoder = engine.decoder()
     for request in requests:
         text = build_payload("generate", request.prompt, [], request.sampling, None, template)["text"]
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        result = engine.decoder.generate(ids, SamplingParams(max_new_tokens=request.sampling.max_new_tokens))
+        result = decoder.generate(ids, SamplingParams(max_new_tokens=request.sampling.max_new_tokens))
         # The last step was cut at the stop token or the length limit: its count says nothing of the drafts.
         steps = result.accept_lengths[:-1]
         groups[request.group].add(sum(steps), len(steps), histogram_from_accept_lengths(steps))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdeploy.engine.budget import BudgetPolicy, measure_step_cost
-from specdeploy.engine.decode import Step, StopRules
+from specdeploy.engine.request import Step, StopRules, check_mode
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import StepRunner
 from specdeploy.errors import SpecdeployError
@@ -47,11 +47,16 @@ class Request:
 @dataclass
 class Event:
     """A request's step: its first token (after its prefill) or one verify step's committed tokens; or, with
-    `error` set and no step, why the request failed and left."""
+    `failure` set and no step, why the request failed and left."""
 
     request: Request
     step: Step | None
-    error: str | None = None
+    failure: Exception | None = None
+    at: float = field(default_factory=time.perf_counter)  # made once the step's tokens reached the host
+
+    @property
+    def error(self) -> str | None:
+        return None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}"
 
 
 class BatchEngine:
@@ -71,10 +76,12 @@ class BatchEngine:
         """`max_context`: positions (prompt + new tokens) a request may reach; `policy` picks each step's
         DDTree budget (default: always `budget`, which then is the largest the policy may pick); `pad_rows`:
         steps run on buckets of rows (StepRunner; default with CUDA graphs)."""
+        check_mode(mode, drafter is not None, budget)
         if max_running < 1:
             raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
-        self.target, self.drafter, self.mode, self.budget = target, drafter, mode, budget
-        self.max_running, self.max_context = max_running, max_context
+        self.target, self.mode, self.budget = target, mode, budget
+        self.drafter = drafter if mode != "ar" else None
+        self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.policy = policy
         self.device = target.embed_tokens.weight.device
@@ -87,14 +94,24 @@ class BatchEngine:
         )
         if policy is not None and policy.drafting:
             self.runner.predict_acceptance(policy.drafting)
-        self.runner.reserve(max_context)
-        budgets = policy.budgets if policy is not None else [budget]
+        self._budgets = policy.budgets if policy is not None else [budget]  # every budget a step may use
         started = time.perf_counter()
-        # Every graph a greedy step can need, captured now rather than inside the first requests' steps.
-        self.graphs_captured = self.runner.capture(budgets)
+        self.graphs_captured = 0
+        self.max_context = 0
+        self.reserve(max_context)
         if policy is not None and policy.cost is None:
             policy.cost = measure_step_cost(self.runner, policy.budgets)
         self.startup_s = time.perf_counter() - started
+
+    def reserve(self, max_context: int) -> None:
+        """Let requests reach `max_context` positions (prompt + new tokens). Growing the caches needs no request
+        running; every graph a greedy step can need is captured then, not inside requests' steps."""
+        context = max(self.max_context, max_context)
+        caches = self.runner.cache
+        self.runner.reserve(context)
+        if self.runner.cache is not caches:
+            self.graphs_captured += self.runner.capture(self._budgets)
+        self.max_context = context
 
     @property
     def num_running(self) -> int:
@@ -172,7 +189,7 @@ class BatchEngine:
             self.runner.abandon()
             self.prefilling = None
         request.finished = True
-        return Event(request, None, f"{type(exc).__name__}: {exc}")
+        return Event(request, None, exc)
 
     def _begin(self, request: Request) -> None:
         params = request.params

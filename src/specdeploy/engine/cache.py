@@ -6,8 +6,8 @@ of a row holds position s once committed: a verify step writes its tree tokens a
 and `move` brings the accepted path's entries down to prefix, prefix+1, ... The last slot is scratch, where
 padding entries of a move land. Recurrent layers keep their per-row state in `recurrent` (a `RecurrentCache`).
 
-`length` counts committed positions of every row; callers that track lengths on the device (the decoding
-steps) keep it in step after each host synchronisation.
+The cache knows nothing of how many slots a row has committed: its callers (the decoding step, or
+`single_pass`) say which slots each pass writes and sees.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class StaticCache:
         self.batch, self.capacity = batch, capacity
         self.device, self.dtype = torch.device(device), dtype
         self.entry_shapes = entry_shapes
-        self.length = 0
         self.recurrent: RecurrentCache | None = None
         groups: dict[EntryShape, list[int]] = {}
         for layer, shapes in enumerate(entry_shapes):
@@ -82,7 +81,7 @@ class StaticCache:
     def entry(self, layer: int) -> tuple[torch.Tensor, ...]:
         """Layer `layer`'s tensors, each [batch, capacity, *entry]."""
         views = self._entries.get(layer)
-        if views is None:  # made once per layer (until `grow`): every forward of every layer asks
+        if views is None:  # made once per layer: every forward of every layer asks
             tensors, index = self._where[layer]
             views = self._entries[layer] = tuple(t[index] for t in tensors)
         return views
@@ -122,41 +121,3 @@ class StaticCache:
         if self.positions is not None:
             flat = self.positions.view(-1)
             flat.index_copy_(0, dest, flat.index_select(0, source))
-
-    def keep(self, positions: torch.Tensor) -> None:
-        """Keep only `positions` (a 1-D index over the committed and pending slots, in order) in every row."""
-        kept = positions.to(torch.long).cpu()
-        same = kept == torch.arange(len(kept))
-        moved = int(same.long().cumprod(0).sum())  # the leading run that already sits in place
-        if moved < len(kept):
-            source = kept[moved:].to(self.device)
-            dest = torch.arange(moved, len(kept), device=self.device)
-            self.move(source.expand(self.batch, -1), dest.expand(self.batch, -1))
-        self.length = len(kept)
-
-    def crop(self, length: int) -> None:
-        """Drop every position at or after `length`."""
-        self.length = min(self.length, length)
-
-    def grow(self, capacity: int) -> None:
-        """Reallocate with room for `capacity` slots, keeping every entry."""
-        if capacity <= self.capacity:
-            return
-        for tensors in self.groups:
-            for i, tensor in enumerate(tensors):
-                bigger = tensor.new_zeros(*tensor.shape[:2], capacity, *tensor.shape[3:])
-                bigger[:, :, : self.capacity - 1] = tensor[:, :, : self.capacity - 1]
-                tensor.data = bigger  # the group lists and _where share these tensor objects
-                tensors[i] = tensor
-        self._entries.clear()  # views of the old storage
-        self._flat_entries.clear()
-        if self.positions is not None:
-            bigger = self.positions.new_zeros(self.batch, capacity)
-            bigger[:, : self.capacity - 1] = self.positions[:, : self.capacity - 1]
-            self.positions = bigger
-        self.capacity = capacity
-
-    def ensure(self, needed: int) -> None:
-        """Grow (doubling, at least) so that `needed` positions fit beside the scratch slot."""
-        if needed > self.usable:
-            self.grow(round_up(max(needed + 1, 2 * self.capacity), 64))

@@ -179,45 +179,6 @@ class DFlashDrafter(nn.Module):
         visible = batch.visible & layer_visibility(batch.positions, key_positions, is_causal, window)
         return dataclasses.replace(batch, visible=visible, _bias={})
 
-    def forward(
-        self,
-        noise_embedding: torch.Tensor,
-        context: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: StaticCache | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Draft hidden states [B, L, H] (after the final norm) for the block `noise_embedding` [B, L, H].
-
-        `context` [B, C, K*H]: raw target features of C newly committed positions (C may be 0); their
-        keys/values are appended to `cache` (a temporary one when None). `position_ids` [B|1, C+L]: the
-        context's positions, then the block's. `attention_mask` [B or 1, L, cached + C + L] bool replaces the
-        default visibility (the block sees every context key and itself, non-causally); layer causality and
-        sliding windows still apply.
-        """
-        batch_size, length = noise_embedding.shape[:2]
-        ctx_len = context.shape[1]
-        if cache is None:
-            cache = self.new_cache(batch_size, ctx_len + length + 1)
-        self._check_inputs(noise_embedding, context, position_ids, cache, attention_mask)
-        if cache.batch != batch_size:
-            raise SpecdeployError(f"the cache holds {cache.batch} rows, the input {batch_size}")
-        cached = cache.length
-        cache.ensure(cached + ctx_len + length)
-        device = noise_embedding.device
-        positions = position_ids.expand(batch_size, -1)
-        slots = (cached + torch.arange(ctx_len + length, device=device)).expand(batch_size, -1)
-        self.write_context(context, positions[:, :ctx_len], slots[:, :ctx_len], cache)
-        used = cached + ctx_len + length
-        window = min(cache.capacity, -(-used // 64) * 64)
-        visible = torch.zeros(1 if attention_mask is None else attention_mask.shape[0], length, window,
-                              dtype=torch.bool, device=device)  # fmt: skip
-        visible[..., :used] = True if attention_mask is None else attention_mask.to(torch.bool)
-        batch = ForwardBatch(positions[:, ctx_len:], slots[:, ctx_len:], visible, cache.capacity)
-        hidden = self.draft(noise_embedding, batch, cache)
-        cache.length = cached + ctx_len
-        return hidden
-
     def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits in float32 through the target's LM head, with the drafter's multiplier and softcap."""
         logits = lm_head(hidden).float() * self.output_multiplier
@@ -251,30 +212,3 @@ class DFlashDrafter(nn.Module):
                 + "; ".join(problems)
                 + ". Use the drafter made for this target."
             )
-
-    def _check_inputs(
-        self,
-        noise_embedding: torch.Tensor,
-        context: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: StaticCache,
-        attention_mask: torch.Tensor | None,
-    ) -> None:
-        _, length, hidden = noise_embedding.shape
-        features = len(self.target_layer_ids) * self.hidden_size
-        if hidden != self.hidden_size or context.shape[-1] != features:
-            raise SpecdeployError(
-                f"drafter expects block embeddings of width {self.hidden_size} and context features of width "
-                f"{features}, got {hidden} and {context.shape[-1]}"
-            )
-        expected = context.shape[1] + length
-        if position_ids.shape[-1] != expected:
-            raise SpecdeployError(
-                f"position_ids cover {position_ids.shape[-1]} positions, expected C+L={expected}"
-            )
-        if attention_mask is not None:
-            keys = cache.length + expected
-            if attention_mask.dim() != 3 or attention_mask.shape[1:] != (length, keys):
-                raise SpecdeployError(
-                    f"attention_mask must be [B or 1, {length}, {keys}] bool, got {list(attention_mask.shape)}"
-                )

@@ -10,7 +10,8 @@ import torch
 
 from specdeploy.engine.batch import BatchEngine
 from specdeploy.engine.budget import BudgetPolicy
-from specdeploy.engine.decode import Decoder, check_mode
+from specdeploy.engine.decode import Decoder
+from specdeploy.engine.request import check_mode
 from specdeploy.errors import SpecdeployError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -18,9 +19,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class Engine:
-    """A loaded target (+ drafter): `decoder` runs one request at a time, `batch_engine` makes a batching one."""
+    """A loaded target (+ drafter): `decoder` makes an engine for one request at a time, `batch_engine` a
+    batching one."""
 
-    decoder: Decoder
+    target: torch.nn.Module
+    drafter: torch.nn.Module | None
     tokenizer: Any  # a transformers tokenizer loaded from the target directory
     model_name: str
     target_path: Path
@@ -32,11 +35,13 @@ class Engine:
     device: str
     dtype: str
 
+    def decoder(self) -> Decoder:
+        return Decoder(self.target, self.drafter, self.mode, self.budget)
+
     def batch_engine(self, max_running: int, policy: BudgetPolicy | None = None) -> BatchEngine:
-        decoder = self.decoder
         return BatchEngine(
-            decoder.target,
-            decoder.drafter,
+            self.target,
+            self.drafter,
             self.mode,
             self.budget,
             max_running=max_running,
@@ -92,7 +97,7 @@ def load_engine(
     batching engine's static caches hold that many per running request."""
     from specdeploy.engine.loading import load_drafter, load_target
 
-    check_mode(mode, draft is not None, budget)
+    check_mode(mode, draft is not None, budget)  # before any weights load
     torch_device = resolve_device(device)
     if torch_device.type == "cpu":
         set_cpu_threads(threads)
@@ -111,7 +116,8 @@ def load_engine(
             f"--context-length {context_length} is outside 1..{positions} (the model's max_position_embeddings)"
         )
     return Engine(
-        decoder=Decoder(model, drafter, mode, budget),
+        target=model,
+        drafter=drafter,
         tokenizer=load_tokenizer(target_path),
         model_name=target_path.name,
         target_path=target_path,

@@ -280,13 +280,6 @@ class StepRunner:
         """Drop the sequence being prefilled (its row stays free)."""
         self._pending = None
 
-    def admit(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> int:
-        """Prefill a new sequence whole and return its first token; it then decodes."""
-        self.begin(prompt_ids, params, uniforms)
-        first = self.prefill(len(prompt_ids))
-        assert first is not None
-        return first
-
     def begin(self, prompt_ids: list[int], params: SamplingParams, uniforms: UniformStream | None) -> None:
         """Start prefilling a new sequence (in chunks, `prefill`) in the spare row, the last one."""
         if self._pending is not None:

@@ -84,7 +84,9 @@ def hybrid_tree_experiment(
         for mode, budget in [("dflash", None), *(("ddtree", b) for b in budgets)]:
             for tree_state in TREE_STATES:
                 target.use_leaky_tree_states(tree_state == "leaky")
-                decoder = Decoder(target, drafter, mode, budget)  # a new one: captured graphs keep the old order
+                decoder = Decoder(
+                    target, drafter, mode, budget
+                )  # a new one: captured graphs keep the old order
                 results = [decoder.generate(p, params) for p in prompts]
                 rows.append(summarise(mode, budget, tree_state, results, reference))
     finally:

@@ -44,7 +44,7 @@ def profile(
     if prompt_tokens < 1 or new_tokens < 2:
         raise SpecdeployError("--prompt-tokens must be at least 1 and --new-tokens at least 2")
     if random_shape is not None:
-        from specdeploy.engine.decode import check_mode
+        from specdeploy.engine.request import check_mode
         from specdeploy.perf.random_models import random_pair
         from specdeploy.perf.shapes import get_shape
 
@@ -67,7 +67,7 @@ def profile(
         engine = load_engine(
             target_path, draft_path, mode, budget, device=device, dtype=dtype, threads=threads
         )
-        model, drafter = engine.decoder.target, engine.decoder.drafter
+        model, drafter = engine.target, engine.drafter
     prompt = random_prompt(model.config.vocab_size, prompt_tokens)
     result = profile_decoding(model, drafter, mode, budget, prompt, new_tokens)
     if as_json:

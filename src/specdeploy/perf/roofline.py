@@ -16,6 +16,7 @@ from math import prod
 import torch
 from torch import nn
 
+from specdeploy.engine.forward_batch import append_batch
 from specdeploy.engine.models.moe import Experts
 
 ROUTED = ".experts."  # parameter-name infix of routed experts (shared ones are `shared_experts`)
@@ -89,7 +90,9 @@ def expert_union(target: nn.Module, prompt_ids: list[int], sizes: Iterable[int])
     ids = torch.tensor([prompt_ids], device=device)
     try:
         with torch.no_grad():
-            target(ids, torch.arange(len(prompt_ids), device=device)[None])
+            positions = torch.arange(len(prompt_ids), device=device)[None]
+            cache = target.new_cache(1, len(prompt_ids) + 1)
+            target.run(ids, append_batch(positions, 0, cache.capacity, 1), cache)  # routing only: no LM head
     finally:
         for hook in hooks:
             hook.remove()

@@ -1,1 +1,1 @@
-"""The reference engine's HTTP server: SGLang's routes and field names over the single-sequence decoder."""
+"""The reference engine's HTTP server: SGLang's routes and field names over the batching engine."""

@@ -133,7 +133,9 @@ class Generation:
         proposed = sum(self.budgets) if self.budgets else self.verify_ct * draft
         # the drafted tokens each drafting step accepted (an adaptive budget's AR steps drafted nothing)
         per_step = [n - 1 for i, n in enumerate(self.accept_lengths) if not self.budgets or self.budgets[i]]
-        metrics = sglang_protocol.spec_metrics(len(self.output_ids), self.verify_ct, correct, proposed, per_step)
+        metrics = sglang_protocol.spec_metrics(
+            len(self.output_ids), self.verify_ct, correct, proposed, per_step
+        )
         if self.budgets:  # an adaptive budget: the tree size of each verify step (0: an AR step)
             metrics["ddtree_budgets"] = self.budgets
             if self.predicted:  # predicted against realised tokens per step (bonus included)

@@ -79,7 +79,7 @@ async def health_generate(request: Request) -> Response:
 async def model_info(request: Request) -> dict[str, Any]:
     service = service_of(request)
     engine = service.engine
-    target_config = engine.decoder.target.config
+    target_config = engine.target.config
     return {
         "model_path": str(engine.target_path),
         "served_model_name": service.model_name,

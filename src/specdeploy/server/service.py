@@ -30,7 +30,7 @@ class ClientGone(Exception):
 
 
 class EngineFailed(Exception):
-    """The decoder raised: the route answers 500 with the message."""
+    """The engine raised: the route answers 500 with the message."""
 
 
 @dataclass
@@ -49,7 +49,7 @@ class EngineService:
         # clients of SGLang name the model by its --model-path (SGLang's default served name) or "default"
         self.model_aliases = {self.model_name, str(engine.target_path), "default"}
         self.tokenizer = engine.tokenizer
-        target_config = engine.decoder.target.config
+        target_config = engine.target.config
         self.limits = ModelLimits(vocab_size=target_config.vocab_size, max_context=engine.max_context)
         self.spec = SpecSettings(num_draft_tokens=_draft_tokens(engine))
         self.worker = EngineWorker(

@@ -125,7 +125,7 @@ def resolve_models(
 ) -> tuple[Path, Path | None]:
     """Command-line model names -> directories, after checking the mode and budget: `zoo:NAME` (a zoo
     target brings its own drafter when the mode needs one) or checkpoint paths."""
-    from specdeploy.engine.decode import check_mode
+    from specdeploy.engine.request import check_mode
 
     if mode != "ar" and draft is None and target.startswith(ZOO_PREFIX):
         draft = f"{target.removesuffix('/target')}/draft"

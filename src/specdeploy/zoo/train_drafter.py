@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdeploy.engine.single_pass import draft_pass
 from specdeploy.zoo.loop import StepOutcome
 from specdeploy.zoo.train_target import autocast
 
@@ -107,7 +108,7 @@ def drafter_loss(
     block_positions = blocks.positions[:, sequences.shape[1] :]
     blocks.labels = torch.where(blocks.labels == IGNORE, IGNORE, greedy.gather(1, block_positions))
     noise = target.get_input_embeddings()(blocks.block_ids) * getattr(drafter, "input_embedding_scale", 1.0)
-    hidden = drafter(noise, context, blocks.positions, None, attention_mask=blocks.attention_mask)
+    hidden = draft_pass(drafter, noise, context, blocks.positions, mask=blocks.attention_mask)
     logits = drafter.compute_logits(hidden, target.get_output_embeddings()).float()
     losses = F.cross_entropy(
         logits.flatten(0, 1), blocks.labels.flatten(), ignore_index=IGNORE, reduction="none"

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from specdeploy.engine.cache import EntryShape, StaticCache
-from specdeploy.engine.forward_batch import ForwardBatch, append_batch
-from specdeploy.errors import SpecdeployError
+from specdeploy.engine.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
     from specdeploy.engine.models.rope import RotaryEmbedding
@@ -34,17 +33,11 @@ class TargetConfig:
     raw: dict[str, Any] = field(repr=False)
 
 
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor  # [batch, new_tokens, vocab], float32
-    hidden: torch.Tensor | None  # [batch, new_tokens, len(hidden_layer_ids) * hidden_size] or None
-
-
 class TargetModel(nn.Module):
     """A decoder-only target: embed, pre-norm decoder layers, final norm, LM head.
 
     Families build `embed_tokens`, `layers`, `norm`, `lm_head` and `rotary` with checkpoint names (minus the
-    leading `model.`); the forward pass below is shared. Each layer's mixer declares what it caches per slot
+    leading `model.`); `run` below is shared. Each layer's mixer declares what it caches per slot
     (`cache_entry`, or None for a recurrent layer, which keeps its state in the cache's `recurrent`).
     """
 
@@ -110,51 +103,5 @@ class TargetModel(nn.Module):
         hidden = torch.cat([captured[i] for i in hidden_layer_ids], dim=-1) if hidden_layer_ids else None
         return x, hidden
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: StaticCache | None = None,
-        attention_mask: torch.Tensor | None = None,
-        hidden_layer_ids: Sequence[int] = (),
-    ) -> ModelOutput:
-        """Run `input_ids` [B, T] at `position_ids` [B|1, T] after the cache's committed positions.
-
-        attention_mask [B|1, T, cache.length + T] (True = may attend) defaults to causal; it may be any
-        visibility pattern, such as a draft tree's ancestor mask. The new tokens are appended to `cache`
-        (a temporary one when None). Logits are float32 for every token.
-        """
-        b, new = input_ids.shape
-        if cache is None:
-            cache = self.new_cache(b, new + 1)
-        cached = cache.length
-        if position_ids.dim() != 2 or position_ids.shape[1] != new or position_ids.shape[0] not in (1, b):
-            raise SpecdeployError(
-                f"position_ids must be [{b} or 1, {new}] like input_ids, got {list(position_ids.shape)}"
-            )
-        if attention_mask is not None and (
-            attention_mask.dtype != torch.bool
-            or attention_mask.dim() != 3
-            or attention_mask.shape[0] not in (1, b)
-            or tuple(attention_mask.shape[1:]) != (new, cached + new)
-        ):
-            raise SpecdeployError(
-                f"attention_mask must be a bool tensor [{b}|1, {new}, {cached + new}] "
-                f"(new tokens x cached + new, True = may attend), got {attention_mask.dtype} "
-                f"{list(attention_mask.shape)}"
-            )
-        last = len(self.layers) - 1
-        wrong = [i for i in hidden_layer_ids if not 0 <= i <= last]
-        if wrong:
-            raise SpecdeployError(f"hidden_layer_ids {wrong} out of range: this model has layers 0..{last}")
-        if cache.batch != b:
-            raise SpecdeployError(f"the cache holds {cache.batch} rows, the input {b}")
-        self.check_visibility(attention_mask, cached)
-        cache.ensure(cached + new)
-        batch = append_batch(position_ids, cached, cache.capacity, b, attention_mask)
-        x, hidden = self.run(input_ids, batch, cache, hidden_layer_ids)
-        cache.length = cached + new
-        return ModelOutput(logits=self.lm_head(x).float(), hidden=hidden)
-
     def check_visibility(self, mask: torch.Tensor | None, cached: int) -> None:
-        """Refuse masks the layers cannot follow (attention layers follow any)."""
+        """Refuse masks the layers cannot follow (attention layers follow any); `single_pass` asks."""

@@ -32,6 +32,7 @@ from specdeploy.engine.models.layers import (
 from specdeploy.engine.models.qwen3 import Qwen3Attention, head_dim, qk_norm_attention
 from specdeploy.engine.models.qwen3_moe import Qwen3MoeSparseBlock
 from specdeploy.engine.models.rope import RotaryEmbedding, rope_parameters
+from specdeploy.engine.tree import root_paths
 from specdeploy.errors import SpecdeployError
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -152,9 +153,22 @@ class Qwen3NextForCausalLM(TargetModel):
         return SwiGLU(config["hidden_size"], config["intermediate_size"])
 
     def check_visibility(self, mask: torch.Tensor | None, cached: int) -> None:
-        if mask is not None and not bool(mask[..., :cached].all()):
+        if mask is None:
+            return
+        if not bool(mask[..., :cached].all()):
             raise SpecdeployError(
                 "a recurrent layer cannot hide committed tokens: new tokens must attend to the whole cached prefix"
+            )
+        among = mask[..., cached:]
+        paths = root_paths(among, among.shape[-1])
+        size = among.shape[-1]
+        rebuilt = torch.zeros(*paths.shape[:2], size + 1, dtype=torch.bool, device=mask.device)
+        # padding (and the sums a non-tree makes of two ancestors at one depth) lands in the extra column
+        rebuilt.scatter_(2, torch.where((paths >= 0) & (paths < size), paths, size), True)
+        if not torch.equal(rebuilt[..., :size], among.expand_as(rebuilt[..., :size])):
+            raise SpecdeployError(
+                "the mask over the new tokens is not a tree (each token must see exactly itself and its "
+                "ancestors, the first token the root of all), which a recurrent layer cannot follow"
             )
 
     def use_leaky_tree_states(self, leaky: bool) -> None:
