@@ -152,6 +152,27 @@ CHECKS = textwrap.dedent(
         (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
         assert torch.equal(got, want), (experts, got, want)
         close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+
+    # Gated DeltaNet over draft trees: every token along its own root path, then the accepted path replayed
+    import random
+    from specdeploy.engine import triton_gdn
+    from specdeploy.engine.models.gated_delta_rule import replay, rule_inputs, tree_rule
+    from specdeploy.engine.tree import ancestor_matrix, root_paths
+    random.seed(0)
+    B, T, HK, HV, DK, DV = 3, 9, 2, 4, 16, 40  # DV spans two column blocks, the second one partial
+    parents = torch.tensor([[0] + [random.randrange(0, i) for i in range(1, T)] for _ in range(B)])
+    paths = root_paths(ancestor_matrix(parents, T), T)
+    mixed = torch.randn(B, T, 2 * HK * DK)  # q and k as strided views of one projection, as the layer has them
+    q, k = mixed[..., : HK * DK].view(B, T, HK, DK), mixed[..., HK * DK :].view(B, T, HK, DK)
+    v, g, beta = torch.randn(B, T, HV, DV), -torch.rand(B, T, HV), torch.rand(B, T, HV)
+    initial = torch.randn(B, HV, DK, DV)
+    close(triton_gdn.tree_rule(q, k, v, g, beta, paths, initial), tree_rule(rule_inputs(q, k, v, g, beta), paths, initial))
+    path, count = paths[:, T - 1].clamp(min=0), torch.tensor([2, 0, 1])
+    want, got = initial.clone(), initial.clone()
+    replay(want, k, v, g, beta, path, count)
+    triton_gdn.replay(got, k, v, g, beta, path, count)
+    close(got, want)
+    assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
     print("ok")
     """
 )
