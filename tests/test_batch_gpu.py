@@ -36,7 +36,7 @@ def test_greedy_outputs_under_batching_on_cuda_equal_single_requests(pairs, fami
     assert_batched_greedy_equals_single(*pairs[family])
 
 
-@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "qwen3_next"])
 def test_padded_row_buckets_on_cuda_keep_every_output(pairs, family):
     """With graphs the steps pad to row buckets by default: 3 running rows pad to 4, over the row being
     prefilled (see test_batch's CPU twin)."""
@@ -49,3 +49,8 @@ def test_padded_row_buckets_on_cuda_keep_every_output(pairs, family):
 def test_budgets_changing_mid_request_with_ar_steps_on_cuda_keep_greedy_outputs(pairs, family):
     """Each step's budget from a cycle with AR steps in it, every stage a CUDA graph (test_batch's CPU twin)."""
     assert_changing_budgets_keep_greedy_outputs(*pairs[family])
+
+
+def test_hybrid_rows_with_64_node_trees_on_cuda_equal_single_requests(pairs):
+    """The recurrent state along trees of 64 nodes, in graphs, rows joining, leaving and padded."""
+    assert_batched_greedy_equals_single(*pairs["qwen3_next"], max_running=4, modes=[("ddtree", 64)])

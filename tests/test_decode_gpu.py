@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "qwen3_next"]
 MODES = [("dflash", None), ("ddtree", 4), ("ddtree", 32)]
 PROMPT = [3, 17, 9, 41, 5, 22, 8]
 
