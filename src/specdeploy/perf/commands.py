@@ -37,7 +37,7 @@ def profile(
 ) -> None:
     """Decode a random prompt in one mode and print tokens/s, ms per step and the step's breakdown
     (draft, tree, verify, commit on the device; host: the rest of the step's wall time), the bytes a step
-    must read (weights, the routed experts its tokens touch, caches) and that roofline at the copy
+    must read (weights, the routed experts its tokens touch, caches, recurrent state) and that roofline at the copy
     bandwidth measured in the same run."""
     from specdeploy.engine.runtime import load_engine, resolve_device, resolve_dtype, set_cpu_threads
     from specdeploy.perf.profile import profile_decoding, random_prompt
