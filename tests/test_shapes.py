@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.engine.decode import Decoder, SamplingParams
-from specdeploy.engine.loading import resolve_family, target_config
+from specdeploy.engine.loading import load_target, resolve_family, target_config
 from specdeploy.engine.models.gated_deltanet import Qwen3_5GatedDeltaNet
 from specdeploy.engine.models.qwen3_next import GatedAttention, Qwen3_5ForCausalLM
-from specdeploy.perf.random_models import random_pair
+from specdeploy.perf.random_models import random_pair, write_random_checkpoints
 from specdeploy.perf.shapes import SHAPES, get_shape, tiny
 
 # Qwen/Qwen3.6-27B model card, "Model Overview" (also on Qwen/Qwen3.5-27B's card): 27B parameters, hidden 5120,
@@ -106,6 +106,11 @@ def test_tiny_qwen36_builds_and_ddtree_decodes_as_ar() -> None:
     prompt = [5, 9, 2, 40, 7, 11]
     ar = Decoder(target, None, "ar", None).generate(prompt, params).token_ids
     assert Decoder(target, drafter, "ddtree", 8).generate(prompt, params).token_ids == ar
+
+
+def test_random_weights_of_the_tiny_qwen36_load_back(tmp_path) -> None:
+    target_dir, _ = write_random_checkpoints(tmp_path, tiny(SHAPE), torch.device("cpu"), torch.float32)
+    assert [type(layer.mixer) for layer in load_target(target_dir).layers] == published_pattern()
 
 
 @pytest.mark.parametrize("command", [["profile", "--help"], ["random-weights", "--help"]])

@@ -252,7 +252,7 @@ TINY_WIDTHS = {
     "v_head_dim": 16,
     "max_position_embeddings": 4096,
     "bos_token_id": 0,
-    "eos_token_id": 511,
+    "eos_token_id": 510,  # the drafter's mask token is the last id
 }
 
 
