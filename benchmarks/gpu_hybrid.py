@@ -202,10 +202,16 @@ def regression_verdicts(measured: dict, baselines: list[Path]) -> dict:
 
 
 def sweep_table(measured: dict) -> dict:
-    """The dense shape's budget sweep: ms per step and per-stage ms per budget."""
+    """The dense shape's budget sweep: ms per step, its ratio to DDTree-64's, and per-stage ms per budget."""
+    rows = measured.get("engine", {})
+    top = rows.get("ddtree-64", {}).get("ms_per_step")
     return {
-        key: {"ms_per_step": row["ms_per_step"], "stage_ms": row["breakdown_ms"]}
-        for key, row in measured.get("engine", {}).items()
+        key: {
+            "ms_per_step": row["ms_per_step"],
+            "vs_ddtree_64": row["ms_per_step"] / top if top else None,
+            "stage_ms": row["breakdown_ms"],
+        }
+        for key, row in rows.items()
     }
 
 
@@ -213,15 +219,32 @@ def zoo_sweep_table(measured: dict) -> dict:
     """tiny-code's budget sweep: tau, tokens/s, ms per step as tau over tokens/s (the campaign README's
     arithmetic, prefill included), and the per-stage ms of one instrumented request."""
     rows = measured.get("pairs", {}).get("tiny-code", {}).get("rows", {})
+    steps = {key: 1e3 * row["tau"] / row["tokens_per_s"] for key, row in rows.items()}
+    top = steps.get("ddtree-64")
     return {
         key: {
             "tau": row["tau"],
             "tokens_per_s": row["tokens_per_s"],
-            "ms_per_step": 1e3 * row["tau"] / row["tokens_per_s"],
+            "ms_per_step": steps[key],
+            "vs_ddtree_64": steps[key] / top if top else None,
             "stage_ms": row.get("stage_ms"),
         }
         for key, row in rows.items()
     }
+
+
+def verdicts(stages_done: dict) -> dict[str, bool | None]:
+    """Every bar's pass (True), miss (False) or lack of a measurement (None), over the stages run so far."""
+    out: dict[str, bool | None] = {}
+    for name in ("hybrid_ar_vs_dense_ar", "hybrid_ddtree64_vs_ar"):
+        out[name] = stages_done.get("zoo", {}).get(name, {}).get("passed")
+    for name in ("shape_ar_fraction_of_roofline", "shape_ddtree64_step_vs_ar_step"):
+        out[name] = stages_done.get(HYBRID_SHAPE, {}).get(name, {}).get("passed")
+    dense = stages_done.get("qwen3-8b", {})
+    compared = [dense.get(mode, {}).get("passed") for mode in ("ar", "dflash", "ddtree-16", "ddtree-64")]
+    out["qwen3_8b_step_vs_committed"] = None if None in compared else all(compared)
+    out["gpu_tests"] = stages_done.get("gpu_tests", {}).get("passed")
+    return out
 
 
 @dataclass(frozen=True)
@@ -339,12 +362,14 @@ def main() -> None:
             save()
             continue
         result, log = out / planned.result, out / f"{Path(planned.result).stem}.log"
+        result.unlink(missing_ok=True)  # an earlier run's file must not pass for this one's
         code, seconds = run(planned.command, log, min(planned.cap_s * scale, left))
         stage: dict = {"command": " ".join(planned.command[1:]), "returncode": code, "seconds": seconds,
                        "json": result.name, "log": log.name}  # fmt: skip
         if result.exists():
             stage.update(planned.keep(json.loads(result.read_text())))
         summary["stages"][name] = stage
+        summary["verdicts"] = verdicts(summary["stages"])
         print(f"{name}: rc {code} in {seconds:.0f} s", flush=True)
         print(log.read_text()[-2000:], flush=True)
         save()
@@ -366,6 +391,7 @@ def main() -> None:
                 "log": log.name,
             }
             print(f"gpu tests: rc {code} in {seconds:.0f} s: {last}", flush=True)
+        summary["verdicts"] = verdicts(summary["stages"])
         save()
     print(json.dumps(summary, indent=1))
 

@@ -65,6 +65,23 @@ def test_each_mode_is_compared_with_the_newest_file_that_measured_it(tmp_path: P
     assert "ddtree-40" not in out  # never committed
 
 
+def test_verdicts_gather_every_bar_and_leave_unmeasured_ones_open() -> None:
+    passed = {"passed": True}
+    done = {
+        "zoo": {"hybrid_ar_vs_dense_ar": passed, "hybrid_ddtree64_vs_ar": {"passed": False}},
+        "qwen3-8b": {"ar": passed, "dflash": passed, "ddtree-16": passed},  # ddtree-64 cut short
+        "gpu_tests": {"passed": True},
+    }
+    assert gpu_hybrid.verdicts(done) == {
+        "hybrid_ar_vs_dense_ar": True,
+        "hybrid_ddtree64_vs_ar": False,
+        "shape_ar_fraction_of_roofline": None,
+        "shape_ddtree64_step_vs_ar_step": None,
+        "qwen3_8b_step_vs_committed": None,
+        "gpu_tests": True,
+    }
+
+
 def test_the_baselines_are_committed_and_hold_the_compared_modes() -> None:
     committed = gpu_hybrid.committed_steps(gpu_hybrid.QWEN3_BASELINES)
     assert all(path.exists() for path in gpu_hybrid.QWEN3_BASELINES)
