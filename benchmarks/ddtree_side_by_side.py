@@ -10,6 +10,11 @@ the copy bandwidth measured in the same run; `specdeploy.perf.roofline`). For Mo
 fraction of experts a verify touches is printed next to independent routing's 1 - (1 - k/E)^n.
 
     python benchmarks/ddtree_side_by_side.py --ddtree-repo PATH --shape qwen3-8b --out result.json
+    python benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3.6-27b --out result.json
+    python benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3.6-27b --tiny --device cpu --out r.json
+
+`--tiny` keeps the shape's layer pattern and drafter block at tiny widths; with `--device cpu` it checks the
+command line on a laptop (its figures mean nothing).
 
 Results are written after every measurement, so an interrupted run keeps what it measured.
 """
