@@ -69,7 +69,9 @@ def test_verdicts_gather_every_bar_and_leave_unmeasured_ones_open() -> None:
     passed = {"passed": True}
     done = {
         "zoo": {"hybrid_ar_vs_dense_ar": passed, "hybrid_ddtree64_vs_ar": {"passed": False}},
-        "qwen3-8b": {"ar": passed, "dflash": passed, "ddtree-16": passed},  # ddtree-64 cut short
+        "qwen3-8b": {
+            "against_committed": {"ar": passed, "dflash": passed, "ddtree-16": passed}
+        },  # no ddtree-64
         "gpu_tests": {"passed": True},
     }
     assert gpu_hybrid.verdicts(done) == {
@@ -100,4 +102,11 @@ def test_smoke_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
                                       "gpu_tests"}  # fmt: skip
     for name, stage in summary["stages"].items():
         assert stage["returncode"] == 0, name
-    assert summary["stages"]["qwen3-8b-sweep"].keys() >= {"ar", "ddtree-16", "ddtree-64"}
+    assert summary["stages"]["qwen3-8b-sweep"]["rows"].keys() >= {"ar", "ddtree-16", "ddtree-64"}
+    assert summary["stages"]["qwen3-8b"]["against_committed"].keys() == {
+        "ar",
+        "dflash",
+        "ddtree-16",
+        "ddtree-64",
+    }
+    assert summary["verdicts"]["gpu_tests"] is False  # every GPU test skipped itself
