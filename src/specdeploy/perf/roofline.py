@@ -5,10 +5,11 @@ its tokens route to, the cache entries of its context, and in speculative modes 
 LM head again (the drafter's logits) and the drafter's context cache. A recurrent (Gated DeltaNet) layer keeps
 no per-token cache: its state, the fp32 recurrent matrix per value head and the short convolution's last inputs,
 is read once and written once per step whatever the context (a lower bound: an engine that stores every tree
-node's state writes that many more). Which experts a verify of n tokens
-touches is measured, not assumed: the target routes a prompt eagerly and the union of the experts chosen by
-each run of n consecutive tokens is counted, layer by layer (independent routing would give
-1 - (1 - k/E)^n of the experts).
+node's state writes that many more).
+
+Which experts a verify of n tokens touches is measured, not assumed: the target routes a prompt eagerly and the
+union of the experts chosen by each run of n consecutive tokens is counted, layer by layer (independent routing
+would give 1 - (1 - k/E)^n of the experts).
 """
 
 from __future__ import annotations

@@ -220,9 +220,9 @@ SHAPES = {
             "qwen3.6-27b",
             "Qwen3.6-27B (hybrid: 48 Gated DeltaNet + 16 gated attention layers, 64 in all) with a block-16 "
             "DFlash drafter of 5 layers",
-            "Qwen/Qwen3.6-27B model card and its Qwen3.5-27B text_config; drafter as z-lab's Qwen3.5/3.6-27B "
-            "DFlash configs are reported (5 layers, 32/8 heads, FFN 17408, block 16; not checked against "
-            "z-lab/Qwen3.6-27B-DFlash's config.json)",
+            "Qwen/Qwen3.6-27B model card and its Qwen3.5-27B text_config; drafter as a DFlash config for this "
+            "target found on the Hub (HyzeAI/Hyze1B: 5 layers, 32/8 heads of 128, FFN 17408, block 16, target "
+            "layers 1, 16, 31, 46, 61), not checked against z-lab/Qwen3.6-27B-DFlash's config.json",
             QWEN3_6_27B,
             _drafter(QWEN3_6_27B, layers=5, heads=32, kv_heads=8, inter=17408, block=16),
         ),
