@@ -10,6 +10,11 @@ the copy bandwidth measured in the same run; `specdeploy.perf.roofline`). For Mo
 fraction of experts a verify touches is printed next to independent routing's 1 - (1 - k/E)^n.
 
     python benchmarks/ddtree_side_by_side.py --ddtree-repo PATH --shape qwen3-8b --out result.json
+    python benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3.6-27b --out result.json
+    python benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3.6-27b --tiny --device cpu --out r.json
+
+`--tiny` keeps the shape's layer pattern and drafter block at tiny widths; with `--device cpu` it checks the
+command line on a laptop (its figures mean nothing).
 
 Results are written after every measurement, so an interrupted run keeps what it measured.
 """
@@ -34,7 +39,7 @@ from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.perf.profile import profile_decoding, random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
 from specdeploy.perf.roofline import copy_bandwidth, independent_union  # noqa: E402
-from specdeploy.perf.shapes import get_shape  # noqa: E402
+from specdeploy.perf.shapes import SHAPES, get_shape, tiny  # noqa: E402
 
 
 def run(command: list[str]) -> str:
@@ -44,19 +49,27 @@ def run(command: list[str]) -> str:
         return ""
 
 
-def machine(commit: str | None) -> dict:
+def machine(commit: str | None, device: torch.device) -> dict:
     import transformers
-    import triton
 
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # CPU-only installs
+        triton_version = None
+    cuda = device.type == "cuda"
     return {
-        "gpu": torch.cuda.get_device_name(),
-        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        if cuda
+        else None,
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
-        "triton": triton.__version__,
+        "triton": triton_version,
         "specdeploy_commit": commit or run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
     }
 
@@ -136,7 +149,13 @@ def main() -> None:
         action="store_true",
         help="no reference: this engine on random weights built in place",
     )
-    parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES), help="named real shape")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the shape's layer pattern at tiny widths (engine only): a smoke run, not a measurement",
+    )
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (engine only)")
     parser.add_argument("--modes", default="ar,dflash,ddtree-16,ddtree-64,ddtree-256", help="ar must be one")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -146,16 +165,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.ddtree_repo is None and not args.engine_only:
         parser.error("give --ddtree-repo PATH, or --engine-only")
-    shape = get_shape(args.shape)
+    if (args.tiny or args.device != "cuda") and not args.engine_only:
+        parser.error("--tiny and --device cpu need --engine-only (the reference runs on CUDA at full size)")
+    shape = tiny(get_shape(args.shape)) if args.tiny else get_shape(args.shape)
     modes = [
         (m, int(b) if b else None) for m, _, b in (label.partition("-") for label in args.modes.split(","))
     ]
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     result = {
         "schema": "specdeploy.side_by_side/2",
         "command": " ".join(sys.argv),
         "shape": {"name": shape.name, "description": shape.description, "source": shape.source},
-        "machine": machine(args.commit),
+        "machine": machine(args.commit, device),
+        "dtype": str(dtype).removeprefix("torch."),
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "reference": {},
@@ -166,12 +189,14 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth(device, 4 << 30)  # before the weights take memory
+    # before the weights take memory; 4 GiB on a GPU, 256 MiB on a CPU (a smoke run)
+    copy_bytes = 4 << 30 if device.type == "cuda" else 256 << 20
+    result["copy_bandwidth_bytes_per_s"] = copy_bandwidth(device, copy_bytes)
     save()
     torch.manual_seed(0)
     prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
     if args.engine_only:
-        ours, our_drafter = random_pair(shape, device, torch.bfloat16)
+        ours, our_drafter = random_pair(shape, device, dtype)
     else:
         run_reference(args, shape, modes, prompt, result, save)
         ours = load_target(args.workdir / "target", device, torch.bfloat16)

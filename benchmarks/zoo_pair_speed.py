@@ -1,14 +1,19 @@
-"""A shipped zoo pair on a GPU: tokens/s and tau per mode on held-out prompts, modes taking turns.
+"""Shipped zoo pairs on a GPU: tokens/s and tau per mode on held-out prompts, modes taking turns.
 
     python benchmarks/zoo_pair_speed.py --pair tiny-code --out result.json
+    python benchmarks/zoo_pair_speed.py --pair tiny-code,tiny-hybrid --budgets 16,64 --stage-times --out r.json
 
 Real acceptance (trained pair, held-out prompts, greedy, 128 new tokens), so the speedup over AR is the one a
-user would see with this engine on this GPU, in bf16 with CUDA graphs.
+user would see with this engine on this GPU, in bf16 with CUDA graphs. Several pairs run one after another in
+one process, so their ratios compare one machine at one time. `--stage-times` adds, per mode, the milliseconds
+per step of each stage (draft, tree, verify, commit, host) over one more, instrumented, request on the first
+prompt. The JSON is written after each pair.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -22,22 +27,14 @@ sys.path.insert(0, str(ROOT / "src"))
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.engine.runtime import load_tokenizer  # noqa: E402
+from specdeploy.perf.profile import stage_breakdown  # noqa: E402
 from specdeploy.zoo.prompts import held_out_prompts  # noqa: E402
 from specdeploy.zoo.registry import get_pair  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--pair", default="tiny-code")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--budgets", default="16,32")
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    pair = get_pair(args.pair)
+def measure_pair(name: str, args: argparse.Namespace) -> dict:
+    """One pair's rows: tau, tokens/s, speedup over AR, outputs equal to AR's, and stage ms if asked."""
+    pair = get_pair(name)
     tokenizer = load_tokenizer(pair.target_dir)
     trained = {f["sha256"] for f in pair.corpus()["files"] if f["split"] == "train"}
     texts, _ = held_out_prompts(tokenizer.encode, args.prompts, trained)
@@ -77,24 +74,40 @@ def main() -> None:
             "speedup_vs_ar": rate / (ar["tokens"] / ar["seconds"]),
             "same_output_as_ar": sum(a == b for a, b in zip(total["outputs"], ar["outputs"], strict=True)),
         }
-        print(f"{key:<10} tau {rows[key]['tau']:5.2f}  {rate:8.1f} tok/s  {rows[key]['speedup_vs_ar']:5.2f}x  "
-              f"same as ar {rows[key]['same_output_as_ar']}/{len(prompts)}")  # fmt: skip
-    args.out.write_text(
-        json.dumps(
-            {
-                "schema": "specdeploy.zoo_pair_speed/1",
-                "command": " ".join(sys.argv),
-                "pair": args.pair,
-                "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-                "torch": torch.__version__,
-                "prompts": len(prompts),
-                "new_tokens": args.new_tokens,
-                "rows": rows,
-            },
-            indent=1,
-        )
-        + "\n"
+        if args.stage_times:
+            rows[key]["stage_ms"] = stage_breakdown(decoders[key], prompts[0], params)
+        print(f"{name} {key:<10} tau {rows[key]['tau']:5.2f}  {rate:8.1f} tok/s  "
+              f"{rows[key]['speedup_vs_ar']:5.2f}x  same as ar {rows[key]['same_output_as_ar']}/{len(prompts)}",
+              flush=True)  # fmt: skip
+    return {"prompts": len(prompts), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--pair", default="tiny-code", help="zoo pair, or several separated by commas")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--budgets", default="16,32")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--stage-times", action="store_true", help="per-stage ms per step for every mode")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    result = {
+        "schema": "specdeploy.zoo_pair_speed/2",
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "new_tokens": args.new_tokens,
+        "pairs": {},
+    }
+    for name in args.pair.split(","):
+        result["pairs"][name] = measure_pair(name, args)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        gc.collect()  # the next pair's graphs and caches get the memory
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -86,3 +86,48 @@ def test_profile_reports_the_roofline_of_its_own_step(pair) -> None:
     assert result.bytes_per_step == step_bytes(target, drafter, 4, context, result.expert_union)
     assert result.roofline_ms == pytest.approx(1e3 * result.bytes_per_step["total"] / 1e9)
     assert result.fraction_of_roofline == pytest.approx(result.roofline_ms / result.ms_per_step)
+
+
+# Qwen3.5 layout, hidden 32: 3 Gated DeltaNet layers (2 key heads and 4 value heads of 8, conv width 4), then one
+# gated attention layer (2 query heads, 1 key/value head of 16)
+HYBRID = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 512,
+    "eos_token_id": 1,
+}
+HYBRID_SHAPE = Shape(
+    "tiny-hybrid",
+    "tiny",
+    "by hand",
+    HYBRID,
+    _drafter(HYBRID, layers=1, heads=2, kv_heads=2, inter=48, block=4),
+)
+
+
+@pytest.mark.parametrize(("dtype", "element"), [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_hybrid_state_is_read_and_written_once_per_step_and_keeps_no_kv(dtype, element) -> None:
+    target, drafter = random_pair(HYBRID_SHAPE, torch.device("cpu"), dtype)
+    state = 4 * 8 * 8 * FP32  # v_heads x k_dim x v_dim, float32 in any model dtype
+    conv = 3 * (16 + 16 + 32) * element  # width - 1 inputs of q (2x8), k (2x8) and v (4x8)
+    ar = step_bytes(target, None, tokens=1, context=100, union=None)
+    assert ar["target_state"] == 2 * 3 * (state + conv)  # 3 recurrent layers, each read and written back
+    assert ar["target_cache"] == 100 * 2 * 16 * element  # only the attention layer: K and V of 1 head of 16
+    tree = step_bytes(target, drafter, tokens=65, context=400, union=None)
+    assert tree["target_state"] == ar["target_state"]  # whatever the tokens and the context
+    every = sum(p.numel() * p.element_size() for p in target.parameters())
+    assert ar["total"] == every - 64 * 32 * element + ar["target_cache"] + ar["target_state"]

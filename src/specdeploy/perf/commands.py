@@ -24,7 +24,8 @@ def profile(
     random_shape: Annotated[
         str | None,
         typer.Option(
-            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b, kimi-like."
+            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b, kimi-like, "
+            "qwen3.6-27b."
         ),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
@@ -36,7 +37,7 @@ def profile(
 ) -> None:
     """Decode a random prompt in one mode and print tokens/s, ms per step and the step's breakdown
     (draft, tree, verify, commit on the device; host: the rest of the step's wall time), the bytes a step
-    must read (weights, the routed experts its tokens touch, caches) and that roofline at the copy
+    must read (weights, the routed experts its tokens touch, caches, recurrent state) and that roofline at the copy
     bandwidth measured in the same run."""
     from specdeploy.engine.runtime import load_engine, resolve_device, resolve_dtype, set_cpu_threads
     from specdeploy.perf.profile import profile_decoding, random_prompt
@@ -95,7 +96,7 @@ def profile(
 def random_weights(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write target/ and draft/ into.")],
     shape: Annotated[
-        str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b, kimi-like.")
+        str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b, kimi-like, qwen3.6-27b.")
     ] = "qwen3-8b",
     device: Annotated[str, typer.Option(help="Where the weights are drawn: cpu or cuda (faster).")] = "cpu",
     seed: Annotated[int, typer.Option(help="Same seed, same weights.")] = 0,

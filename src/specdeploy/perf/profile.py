@@ -55,6 +55,17 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def stage_breakdown(decoder: Decoder, prompt_ids: list[int], params: SamplingParams) -> dict[str, float]:
+    """Milliseconds per step of each stage (draft, tree, verify, commit, host) over one instrumented request;
+    run it after a warm-up, since its device events would otherwise time compilation and capture."""
+    decoder.runner.timer = StageTimes()
+    try:
+        decoder.generate(prompt_ids, params)
+        return decoder.runner.timer.per_step_ms()
+    finally:
+        decoder.runner.timer = None
+
+
 def profile_decoding(
     target: torch.nn.Module,
     drafter: torch.nn.Module | None,
@@ -69,12 +80,7 @@ def profile_decoding(
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     decoder.generate(prompt_ids, params)  # warm-up: kernels compile, graphs are captured
     result = decoder.generate(prompt_ids, params)
-    decoder.runner.timer = StageTimes()
-    try:
-        decoder.generate(prompt_ids, params)
-        breakdown = decoder.runner.timer.per_step_ms()
-    finally:
-        decoder.runner.timer = None
+    breakdown = stage_breakdown(decoder, prompt_ids, params)
     weight = target.embed_tokens.weight
     if bandwidth is None:
         bandwidth = copy_bandwidth(weight.device)

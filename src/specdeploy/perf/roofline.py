@@ -2,10 +2,14 @@
 
 A step reads every weight of the target but the embedding table (one row per token), only the routed experts
 its tokens route to, the cache entries of its context, and in speculative modes the drafter's weights, the
-LM head again (the drafter's logits) and the drafter's context cache. Which experts a verify of n tokens
-touches is measured, not assumed: the target routes a prompt eagerly and the union of the experts chosen by
-each run of n consecutive tokens is counted, layer by layer (independent routing would give
-1 - (1 - k/E)^n of the experts).
+LM head again (the drafter's logits) and the drafter's context cache. A recurrent (Gated DeltaNet) layer keeps
+no per-token cache: its state, the fp32 recurrent matrix per value head and the short convolution's last inputs,
+is read once and written once per step whatever the context (a lower bound: an engine that stores every tree
+node's state writes that many more).
+
+Which experts a verify of n tokens touches is measured, not assumed: the target routes a prompt eagerly and the
+union of the experts chosen by each run of n consecutive tokens is counted, layer by layer (independent routing
+would give 1 - (1 - k/E)^n of the experts).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from torch import nn
 
 from specdeploy.engine.forward_batch import append_batch
+from specdeploy.engine.models.gated_deltanet import GatedDeltaNet
 from specdeploy.engine.models.moe import Experts
 
 ROUTED = ".experts."  # parameter-name infix of routed experts (shared ones are `shared_experts`)
@@ -71,6 +76,19 @@ def cache_bytes_per_token(model: nn.Module) -> int:
         entry = layer.mixer.cache_entry()
         if entry is not None:
             total += sum(prod(shape) for shape in entry) * element
+    return total
+
+
+def recurrent_state_bytes(model: nn.Module) -> int:
+    """Bytes of one sequence's recurrent state across `model`'s Gated DeltaNet layers: the fp32 state
+    (v_heads x k_dim x v_dim) and the convolution's last (width - 1) inputs of q|k|v in the model dtype."""
+    element = next(model.parameters()).element_size()
+    total = 0
+    for layer in model.layers:
+        mixer = layer.mixer
+        if isinstance(mixer, GatedDeltaNet):
+            total += mixer.v_heads * mixer.k_dim * mixer.v_dim * 4  # float32 whatever the model dtype
+            total += (mixer.conv_width - 1) * (2 * mixer.key_size + mixer.value_size) * element
     return total
 
 
@@ -132,12 +150,14 @@ def step_bytes(
     union: float | None,
 ) -> dict[str, int]:
     """Bytes one step reads, by kind, for `tokens` verified over `context` cached positions, the routed
-    experts counted at `union` (the fraction touched; None for a dense model)."""
+    experts counted at `union` (the fraction touched; None for a dense model); `target_state` is the recurrent
+    state read and written back (0 without recurrent layers)."""
     weights = weight_bytes(target)
     parts = {
         "target_weights": weights["dense"],
         "routed_experts": round(weights["routed"] * union) if union is not None else 0,
         "target_cache": context * cache_bytes_per_token(target),
+        "target_state": 2 * recurrent_state_bytes(target),
     }
     if drafter is not None:
         lm_head = target.lm_head.weight

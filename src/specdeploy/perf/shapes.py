@@ -134,6 +134,44 @@ KIMI_LIKE = {
 }
 
 
+# Qwen3.6-27B's text model, whole (64 layers): 27B parameters are 54 GB in bf16, which one 141 GB H200 holds
+# with the drafter and caches. Dimensions from the Qwen/Qwen3.6-27B model card ("Hidden Layout: 16 x (3 x (Gated
+# DeltaNet -> FFN) -> 1 x (Gated Attention -> FFN))"; Gated DeltaNet 48 V heads and 16 QK heads of dim 128;
+# gated attention 24 Q and 4 KV heads of dim 256, rotary dim 64; FFN 17408; vocab 248320 padded) and the
+# Qwen3.5-27B text_config that Qwen3.6-27B reuses (model_type qwen3_5, architecture
+# Qwen3_5ForConditionalGeneration): linear_conv_kernel_dim 4, attn_output_gate true, partial_rotary_factor 0.25,
+# rope_theta 1e7, max_position_embeddings 262144, rms_norm_eps 1e-6, eos 248044, untied embeddings. The text
+# model alone is `Qwen3_5ForCausalLM` (model_type qwen3_5_text), which this engine builds. M-RoPE's sections
+# are left out: text positions are equal on every axis, so it is plain RoPE.
+QWEN3_6_27B = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "vocab_size": 248320,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 64,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 16,
+    "full_attention_interval": 4,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "attn_output_gate": True,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "partial_rotary_factor": 0.25,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "eos_token_id": 248044,
+}
+
+
 def _drafter(target: dict[str, Any], layers: int, heads: int, kv_heads: int, inter: int, block: int) -> dict:
     return new_drafter_config(
         hidden_size=target["hidden_size"],
@@ -147,7 +185,8 @@ def _drafter(target: dict[str, Any], layers: int, heads: int, kv_heads: int, int
         head_dim=128,
         intermediate_size=inter,
         max_position_embeddings=target["max_position_embeddings"],
-        rope_theta=target["rope_theta"],
+        # transformers 5 configs (Qwen3.5) keep rope_theta inside rope_parameters
+        rope_theta=target.get("rope_theta") or target["rope_parameters"]["rope_theta"],
     )
 
 
@@ -177,8 +216,54 @@ SHAPES = {
             KIMI_LIKE,
             _drafter(KIMI_LIKE, layers=6, heads=64, kv_heads=8, inter=18432, block=8),
         ),
+        Shape(
+            "qwen3.6-27b",
+            "Qwen3.6-27B (hybrid: 48 Gated DeltaNet + 16 gated attention layers, 64 in all) with a block-16 "
+            "DFlash drafter of 5 layers",
+            "Qwen/Qwen3.6-27B model card and its Qwen3.5-27B text_config; drafter as a DFlash config for this "
+            "target found on the Hub (HyzeAI/Hyze1B: 5 layers, 32/8 heads of 128, FFN 17408, block 16, target "
+            "layers 1, 16, 31, 46, 61), not checked against z-lab/Qwen3.6-27B-DFlash's config.json",
+            QWEN3_6_27B,
+            _drafter(QWEN3_6_27B, layers=5, heads=32, kv_heads=8, inter=17408, block=16),
+        ),
     )
 }
+
+
+# Widths `tiny` gives every shape that has the key; layer counts, layer kinds and the block size are kept.
+TINY_WIDTHS = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "max_position_embeddings": 4096,
+    "bos_token_id": 0,
+    "eos_token_id": 510,  # the drafter's mask token is the last id
+}
+
+
+def tiny(shape: Shape) -> Shape:
+    """`shape`'s layer pattern and drafter block at tiny widths: builds and steps in seconds on a CPU."""
+    target = {**shape.target, **{k: v for k, v in TINY_WIDTHS.items() if shape.target.get(k) is not None}}
+    drafter = shape.drafter
+    draft = _drafter(
+        target, drafter["num_hidden_layers"], heads=4, kv_heads=2, inter=128, block=drafter["block_size"]
+    )
+    return Shape(f"{shape.name}-tiny", f"{shape.description}, at tiny widths", shape.source, target, draft)
 
 
 def get_shape(name: str) -> Shape:
