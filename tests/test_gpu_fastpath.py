@@ -112,8 +112,15 @@ def test_triton_tree_equals_the_torch_tree(budget):
 
 @pytest.mark.parametrize(
     ("tokens", "window", "width", "value_width"),
-    [(1, 1024, 128, 128), (65, 1024, 128, 128), (257, 768, 128, 128), (17, 512, 576, 512), (1, 1024, 256, 256),
-     (65, 1024, 256, 256), (257, 768, 256, 256)],
+    [
+        (1, 1024, 128, 128),
+        (65, 1024, 128, 128),
+        (257, 768, 128, 128),
+        (17, 512, 576, 512),
+        (1, 1024, 256, 256),
+        (65, 1024, 256, 256),
+        (257, 768, 256, 256),
+    ],
 )
 def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
     from specdeploy.engine.forward_batch import ForwardBatch

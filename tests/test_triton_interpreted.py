@@ -173,6 +173,42 @@ CHECKS = textwrap.dedent(
     triton_gdn.replay(got, k, v, g, beta, path, count)
     close(got, want)
     assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
+
+    # The layer's elementwise work: gates, the path convolution (without joining state and new inputs), the norm
+    import torch.nn.functional as F
+    from specdeploy.engine.models.gated_deltanet import GatedRMSNorm, path_conv
+    from specdeploy.engine.recurrent_state import conv_windows
+    a, b = torch.randn(B, T, 2 * HV)[..., ::2], torch.randn(B, T, HV)  # a strided
+    a_log, dt_bias = torch.randn(HV), torch.randn(HV)
+    a[0, 0, 0] = 30.0  # past softplus's threshold
+    decay, beta = torch.empty(B, T, HV), torch.empty(B, T, HV)
+    triton_gdn.gates(a, b, a_log, dt_bias, decay, beta)
+    close(decay, -a_log.exp() * F.softplus(a + dt_bias))
+    close(beta, b.sigmoid())
+    C, W = 24, 4
+    state, new = torch.randn(B, W - 1, C), torch.randn(B, T, C)
+    weight = torch.randn(C, 1, W)
+    windows = conv_windows(paths, W)
+    got = torch.empty(B, T, C)
+    triton_gdn.conv(state, new, windows, weight, got)
+    close(got, path_conv(torch.cat([state, new], dim=1), windows, weight))
+    norm = GatedRMSNorm(DV, 1e-6)
+    norm.weight.data = 1 + 0.1 * torch.randn(DV)
+    out, gate = torch.randn(B, T, HV, DV), torch.randn(B, T, HV, 2 * DV)[..., :DV]
+    close(triton_gdn.gated_norm(out, gate, norm.weight, 1e-6, torch.float32), norm(out, gate).reshape(B, T, HV * DV))
+
+    # Committing the conv inputs of the kept path: against the torch commit of a recurrent cache
+    from specdeploy.engine.recurrent_state import RecurrentCache
+    cache = RecurrentCache([0], B, W, (1, 2), (4, 4), T, torch.float32, torch.device("cpu"))
+    cache.conv.normal_()
+    cache.inputs.normal_()
+    count = torch.tensor([0, 2, 5])
+    want = cache.conv.clone()
+    got = want.clone()
+    joined = torch.cat([want[0], cache.inputs[0]], dim=1)
+    want[0].copy_(joined.gather(1, cache._conv_sources(path, count)[..., None].expand(-1, -1, joined.shape[-1])))
+    triton_gdn.conv_commit(got[0], cache.inputs[0], path, count)
+    close(got, want)
     print("ok")
     """
 )

@@ -27,6 +27,7 @@ class ForwardBatch:
     # [B, T, D]; its state is committed later (`TargetModel.commit_tree`). None: a chain, committed at once.
     tree_paths: torch.Tensor | None = None
     rope: Rope | None = None  # set by the model once per forward
+    shared: dict = field(default_factory=dict, repr=False)  # made by one layer, reused by the others
     _bias: dict = field(default_factory=dict, repr=False)
     _flat_slots: torch.Tensor | None = field(default=None, repr=False)
 

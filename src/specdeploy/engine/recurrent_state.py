@@ -55,7 +55,6 @@ class RecurrentCache:
         layers: list[int],
         rows: int,
         conv_width: int,
-        channels: int,
         heads: tuple[int, int],
         dims: tuple[int, int],
         tree_tokens: int,
@@ -63,8 +62,11 @@ class RecurrentCache:
         device: torch.device,
     ) -> None:
         """`heads`: (key heads, value heads); `dims`: (key dim, value dim); `tree_tokens`: the most tokens a
-        verification may hold (its record's size)."""
+        verification may hold (its record's size). Conv channels are q|k|v: 2 * key heads * key dim + values."""
         (key_heads, value_heads), (key_dim, value_dim) = heads, dims
+        self.key_size, self.value_size = key_heads * key_dim, value_heads * value_dim
+        self.heads, self.dims = heads, dims
+        channels = 2 * self.key_size + self.value_size
         count = len(layers)
         self.index = {layer: i for i, layer in enumerate(layers)}
         self.tree_tokens = tree_tokens
@@ -72,8 +74,7 @@ class RecurrentCache:
         self.state = torch.zeros(count, rows, value_heads, key_dim, value_dim, device=device)
         record = (count, rows, tree_tokens)
         self.inputs = torch.zeros(*record, channels, dtype=dtype, device=device)  # before the convolution
-        self.key = torch.zeros(*record, key_heads, key_dim, dtype=dtype, device=device)
-        self.value = torch.zeros(*record, value_heads, value_dim, dtype=dtype, device=device)
+        self.conved = torch.zeros(*record, channels, dtype=dtype, device=device)  # q|k|v after it
         self.decay = torch.zeros(*record, value_heads, device=device)
         self.beta = torch.zeros(*record, value_heads, device=device)
 
@@ -91,45 +92,50 @@ class RecurrentCache:
         for tensor in self.tensors:
             tensor[:, dest] = tensor[:, source]
 
-    def record(
-        self,
-        layer: int,
-        rows: slice,
-        inputs: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        decay: torch.Tensor,
-        beta: torch.Tensor,
-    ) -> None:
-        """Keep a verification's per-token inputs (as the layer made them) for `commit`."""
-        tokens = inputs.shape[1]
+    def record(self, layer: int, rows: slice, tokens: int) -> tuple[torch.Tensor, ...]:
+        """Where a verification of `tokens` tokens writes what `commit` needs, [B, T, ...] each: the conv
+        inputs, the convolved q|k|v, decay and beta."""
         if tokens > self.tree_tokens:
             raise SpecdeployError(
                 f"a verification of {tokens} tokens exceeds the recurrent cache's record of {self.tree_tokens}: "
                 "make the cache for the largest tree (new_cache(tree_tokens=...))"
             )
-        for buffer, new in zip(
-            self._record(self.index[layer]), (inputs, key, value, decay, beta), strict=True
-        ):
-            buffer[rows, :tokens].copy_(new)
+        return tuple(t[rows, :tokens] for t in self._record(self.index[layer]))
 
     def _record(self, index: int) -> tuple[torch.Tensor, ...]:
-        return tuple(t[index] for t in (self.inputs, self.key, self.value, self.decay, self.beta))
+        return tuple(t[index] for t in (self.inputs, self.conved, self.decay, self.beta))
+
+    def split(self, conved: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k [B, T, key heads, key dim] and v [B, T, value heads, value dim]: views of q|k|v [B, T, C]."""
+        (key_heads, value_heads), (key_dim, value_dim) = self.heads, self.dims
+        q, k, v = conved.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        shape = conved.shape[:2]
+        return (q.view(*shape, key_heads, key_dim), k.view(*shape, key_heads, key_dim),
+                v.view(*shape, value_heads, value_dim))  # fmt: skip
 
     def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
         """Rows 0..B-1 keep the first count[b] recorded tokens of path[b] ([B, P] token indices, root first):
         each layer's state is replayed along them and its conv inputs end with theirs."""
         rows = path.shape[0]
+        kernels = ops.gdn_kernels_for(self.state)
+        if kernels is None:
+            source = self._conv_sources(path, count)
+        for i in range(len(self.index)):
+            inputs, conved, decay, beta = (t[:rows] for t in self._record(i))
+            conv = self.conv[i, :rows]
+            _, key, value = self.split(conved)
+            if kernels is not None:
+                kernels.conv_commit(conv, inputs, path, count)
+                kernels.replay(self.state[i, :rows], key, value, decay, beta, path, count)
+            else:
+                joined = torch.cat([conv, inputs], dim=1)
+                conv.copy_(joined.gather(1, source[..., None].expand(-1, -1, joined.shape[-1])))
+                replay(self.state[i, :rows], key, value, decay, beta, path, count)
+
+    def _conv_sources(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """[B, W-1]: the new conv inputs' columns in [committed | recorded tokens]: the last W-1 of the committed
+        ones followed by the kept path's."""
         history = self.conv.shape[2]
-        # The new conv inputs: the last `history` of [committed | path tokens], as record columns shifted past
-        # the committed ones.
         position = count[:, None] + torch.arange(history, device=path.device)
         node = path.gather(1, (position - history).clamp(0, path.shape[1] - 1))
-        source = torch.where(position >= history, history + node, position)
-        kernels = ops.gdn_kernels_for(self.state)
-        for i in range(len(self.index)):
-            inputs, *rule = (t[:rows] for t in self._record(i))
-            conv = self.conv[i, :rows]
-            joined = torch.cat([conv, inputs], dim=1)
-            conv.copy_(joined.gather(1, source[..., None].expand(-1, -1, joined.shape[-1])))
-            (kernels.replay if kernels is not None else replay)(self.state[i, :rows], *rule, path, count)
+        return torch.where(position >= history, history + node, position)

@@ -152,3 +152,158 @@ def replay(
         value.stride(2), decay.stride(0), decay.stride(1), path.stride(0), state.stride(0), state.stride(1), EPS,
         DK=key_dim, DV=value_dim, BK=bk, BV=bv,
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the layer's elementwise work
+
+
+@triton.jit
+def _gates_kernel(
+    a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, decay_ptr, beta_ptr, tokens, heads,
+    sa_b, sa_t, sb_b, sb_t, sd_b, sd_t, BH: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    bi, t = row // tokens, row % tokens
+    offs = tl.arange(0, BH)
+    mask = offs < heads
+    a = tl.load(a_ptr + bi * sa_b + t * sa_t + offs, mask=mask, other=0.0).to(tl.float32)
+    x = a + tl.load(dt_bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's softplus, threshold 20
+    decay = -tl.exp(tl.load(a_log_ptr + offs, mask=mask, other=0.0).to(tl.float32)) * softplus
+    tl.store(decay_ptr + bi * sd_b + t * sd_t + offs, decay, mask=mask)
+    b = tl.load(b_ptr + bi * sb_b + t * sb_t + offs, mask=mask, other=0.0)
+    beta = (
+        tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)
+    )  # sigmoid in the model dtype, as torch does
+    tl.store(beta_ptr + bi * sd_b + t * sd_t + offs, beta, mask=mask)
+
+
+def gates(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+) -> None:
+    """decay = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), float32, into decay/beta [B, T, H]
+    (their last dims contiguous) from a and b [B, T, H]."""
+    batch, tokens, heads = a.shape
+    a, b = (t if t.stride(-1) == 1 else t.contiguous() for t in (a, b))
+    if decay.stride(-1) != 1 or decay.stride() != beta.stride():
+        raise ValueError("gates need decay and beta of one layout, heads contiguous")
+    _gates_kernel[(batch * tokens,)](
+        a, b, a_log, dt_bias, decay, beta, tokens, heads, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        decay.stride(0), decay.stride(1), BH=triton.next_power_of_2(heads),
+    )  # fmt: skip
+
+
+@triton.jit
+def _conv_kernel(
+    state_ptr, mixed_ptr, windows_ptr, weight_ptr, out_ptr, tokens, channels, history,
+    ss_b, ss_t, sm_b, sm_t, sw_b, sw_t, so_b, so_t, WIDTH: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    row, cb = tl.program_id(0), tl.program_id(1)
+    bi, t = row // tokens, row % tokens
+    offs = cb * BC + tl.arange(0, BC)
+    mask = offs < channels
+    acc = tl.zeros([BC], dtype=tl.float32)
+    for tap in tl.static_range(WIDTH):
+        column = tl.load(windows_ptr + bi * sw_b + t * sw_t + tap) + tl.zeros([BC], dtype=tl.int64)
+        committed = column < history  # the committed conv inputs, then the new tokens'
+        from_state = tl.load(state_ptr + bi * ss_b + column * ss_t + offs, mask=mask & committed, other=0.0)
+        new = tl.load(
+            mixed_ptr + bi * sm_b + (column - history) * sm_t + offs, mask=mask & ~committed, other=0.0
+        )
+        x = tl.where(committed, from_state, new).to(tl.float32)
+        acc += x * tl.load(weight_ptr + offs * WIDTH + tap, mask=mask, other=0.0).to(tl.float32)
+    out = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + bi * so_b + t * so_t + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def conv(
+    state: torch.Tensor, mixed: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
+) -> None:
+    """`gated_deltanet.path_conv` over [state | mixed] without joining them: state [B, W-1, C], mixed
+    [B, T, C], windows [B|1, T, W], weight [C, 1, W] -> out [B, T, C] (channels contiguous everywhere)."""
+    batch, tokens, channels = mixed.shape
+    width = windows.shape[-1]
+    if any(t.stride(-1) != 1 for t in (state, mixed, out)) or not weight.is_contiguous():
+        raise ValueError("conv needs contiguous channels and a contiguous weight")
+    windows = windows.contiguous()
+    block = min(1024, triton.next_power_of_2(channels))
+    _conv_kernel[(batch * tokens, triton.cdiv(channels, block))](
+        state, mixed, windows, weight, out, tokens, channels, state.shape[1], state.stride(0), state.stride(1),
+        mixed.stride(0), mixed.stride(1), windows.stride(0) if windows.shape[0] > 1 else 0, windows.stride(1),
+        out.stride(0), out.stride(1), WIDTH=width, BC=block,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gated_norm_kernel(
+    x_ptr, gate_ptr, weight_ptr, out_ptr, heads, sg_row, sg_h, eps,
+    D: tl.constexpr, BD: tl.constexpr, WEIGHT_FP32: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)  # (token, head)
+    token, head = row // heads, row % heads
+    offs = tl.arange(0, BD)
+    mask = offs < D
+    dtype = out_ptr.dtype.element_ty
+    x = (
+        tl.load(x_ptr + row * D + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    )  # the rule's output, rounded
+    normed = (x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)).to(dtype)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    y = w.to(tl.float32) * normed.to(tl.float32)
+    if not WEIGHT_FP32:
+        y = y.to(dtype).to(tl.float32)  # the weight product rounds in the model dtype
+    g = tl.load(gate_ptr + token * sg_row + head * sg_h + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * D + offs, (y * (g * tl.sigmoid(g))).to(dtype), mask=mask)
+
+
+def gated_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """`GatedRMSNorm` of the rule's float32 output x [B, T, H, D] (rounded to `dtype` first, as the layer does)
+    with gate [B, T, H, D] (a strided view is fine): [B, T, H * D] in `dtype`."""
+    batch, tokens, heads, dim = x.shape
+    x = x.contiguous()
+    if gate.stride(-1) != 1 or (batch > 1 and tokens > 1 and gate.stride(0) != tokens * gate.stride(1)):
+        raise ValueError("the gate needs a contiguous head dim and evenly spaced tokens")
+    out = torch.empty(batch, tokens, heads * dim, dtype=dtype, device=x.device)
+    row_stride = gate.stride(0) if tokens == 1 else gate.stride(1)
+    _gated_norm_kernel[(batch * tokens * heads,)](
+        x, gate, weight, out, heads, row_stride, gate.stride(2), eps,
+        D=dim, BD=triton.next_power_of_2(dim), WEIGHT_FP32=weight.dtype == torch.float32,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _conv_commit_kernel(
+    conv_ptr, inputs_ptr, path_ptr, count_ptr, channels, path_len,
+    sc_b, sc_t, si_b, si_t, sp_b, HISTORY: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    bi, cb = tl.program_id(0), tl.program_id(1)
+    offs = cb * BC + tl.arange(0, BC)
+    mask = offs < channels
+    count = tl.load(count_ptr + bi)
+    for j in tl.static_range(HISTORY):  # ascending: column j reads column count + j >= j, not yet written
+        position = count + j + tl.zeros([BC], dtype=tl.int64)
+        committed = position < HISTORY
+        step = tl.minimum(tl.maximum(position - HISTORY, 0), path_len - 1)
+        node = tl.load(path_ptr + bi * sp_b + step)
+        old = tl.load(conv_ptr + bi * sc_b + position * sc_t + offs, mask=mask & committed, other=0.0)
+        new = tl.load(inputs_ptr + bi * si_b + node * si_t + offs, mask=mask & ~committed, other=0.0)
+        tl.store(conv_ptr + bi * sc_b + j * sc_t + offs, tl.where(committed, old, new), mask=mask)
+
+
+def conv_commit(conv: torch.Tensor, inputs: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
+    """conv [B, W-1, C] in place: the last W-1 inputs of [conv | inputs at the first count[b] of path[b]]."""
+    batch, history, channels = conv.shape
+    path, count = path.contiguous(), count.contiguous()
+    block = min(1024, triton.next_power_of_2(channels))
+    _conv_commit_kernel[(batch, triton.cdiv(channels, block))](
+        conv, inputs, path, count, channels, path.shape[1], conv.stride(0), conv.stride(1), inputs.stride(0),
+        inputs.stride(1), path.stride(0), HISTORY=history, BC=block,
+    )  # fmt: skip

@@ -195,7 +195,9 @@ def _qk_norm_rope_store_kernel(
 
 def _row_head_strides(x: torch.Tensor) -> tuple[int, int]:
     """(row, head) strides of a [B, T, heads, D] view whose (B, T) rows are evenly spaced."""
-    if x.shape[1] == 1:  # one token per row: rows are batch rows (a view's stride of a size-1 dim is arbitrary)
+    if (
+        x.shape[1] == 1
+    ):  # one token per row: rows are batch rows (a view's stride of a size-1 dim is arbitrary)
         return x.stride(0), x.stride(2)
     if x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1):
         raise ValueError("batch rows of the projection view are not evenly spaced")
@@ -583,7 +585,9 @@ def masked_attention(
     main = 1 << (width.bit_length() - 1)  # MLA's 576 = 512 + 64: two power-of-two parts
     extra = width - main
     wide = width > 256  # MLA's latent head: a 64-row query tile would not fit in registers and shared memory
-    broad = width == 256  # Qwen3.5/3.6 heads: 64-row tiles in 3 stages need 232 KiB of shared memory (H200 has 227)
+    broad = (
+        width == 256
+    )  # Qwen3.5/3.6 heads: 64-row tiles in 3 stages need 232 KiB of shared memory (H200 has 227)
     block_m = 16 if rows <= 16 or wide else 32 if broad else 64
     block_n = 32 if wide or broad else 64
     tiles = triton.cdiv(rows, block_m)

@@ -95,58 +95,55 @@ class GatedDeltaNet(nn.Module):
         self, layers: list[int], rows: int, tree_tokens: int, dtype: torch.dtype, device: torch.device
     ) -> RecurrentCache:
         """The recurrent cache of `layers` (every Gated DeltaNet layer of the model, all shaped as this one)."""
-        return RecurrentCache(
-            layers,
-            rows,
-            self.conv_width,
-            2 * self.key_size + self.value_size,
-            (self.k_heads, self.v_heads),
-            (self.k_dim, self.v_dim),
-            tree_tokens,
-            dtype,
-            device,
-        )
+        heads, dims = (self.k_heads, self.v_heads), (self.k_dim, self.v_dim)
+        return RecurrentCache(layers, rows, self.conv_width, heads, dims, tree_tokens, dtype, device)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         batch_size, tokens, _ = x.shape
         recurrent = cache.recurrent
         layer = recurrent.index[self.layer_idx]
         rows = slice(batch.row_start, batch.row_start + batch_size)
+        kernels = ops.gdn_kernels_for(x)  # one Triton kernel per piece of elementwise work on CUDA
         mixed, z, b, a = self.project(x)
-        decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        beta = b.sigmoid().float()
-        conv_state = recurrent.conv[layer, rows]
-        joined = torch.cat([conv_state, mixed], dim=1)
+        conv_state, state = recurrent.conv[layer, rows], recurrent.state[layer, rows]
         tree = batch.tree_paths
-        if tree is not None and self.leaky:
-            tree = chain_paths(batch_size, tokens, x.device)
-        windows = (
-            causal_windows(tokens, self.conv_width, x.device)
-            if tree is None
-            else conv_windows(tree, self.conv_width)
-        )
-        q, k, v = path_conv(joined, windows, self.conv1d.weight).split(
-            [self.key_size, self.key_size, self.value_size], dim=-1
-        )
-        q = q.view(batch_size, tokens, self.k_heads, self.k_dim)
-        k = k.view(batch_size, tokens, self.k_heads, self.k_dim)
-        v = v.view(batch_size, tokens, self.v_heads, self.v_dim)
-        state = recurrent.state[layer, rows]
-        if tree is None:  # a chain committed at once (a prefill chunk)
-            inputs = rule_inputs(q, k, v, decay, beta)
-            rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
-            out, final = rule(inputs, state)
-            state.copy_(final)
-            conv_state.copy_(joined[:, tokens:])
+        if tree is None:  # a chain committed at once (a prefill chunk): nothing to record
+            conved = torch.empty_like(mixed)
+            decay = torch.empty(a.shape, dtype=torch.float32, device=x.device)
+            beta = torch.empty_like(decay)
+            windows = causal_windows(tokens, self.conv_width, x.device)
         else:  # a tree: outputs now, the state once the accepted path is known (RecurrentCache.commit)
-            recurrent.record(self.layer_idx, rows, mixed, k, v, decay, beta)
-            kernels = ops.gdn_kernels_for(x)
-            if kernels is not None:
-                out = kernels.tree_rule(q, k, v, decay, beta, tree, state)
-            else:
-                out = tree_rule(rule_inputs(q, k, v, decay, beta), tree, state)
-        out = self.norm(out.to(x.dtype), z)
-        return self.out_proj(out.reshape(batch_size, tokens, self.value_size))
+            inputs, conved, decay, beta = recurrent.record(self.layer_idx, rows, tokens)
+            inputs.copy_(mixed)
+            if self.leaky:
+                tree = chain_paths(batch_size, tokens, x.device)
+                windows = conv_windows(tree, self.conv_width)
+            else:  # every recurrent layer of the forward shares the tree, hence the windows
+                windows = batch.shared.get("conv_windows")
+                if windows is None:
+                    windows = batch.shared["conv_windows"] = conv_windows(tree, self.conv_width)
+        if kernels is not None:
+            kernels.gates(a, b, self.A_log, self.dt_bias, decay, beta)
+            kernels.conv(conv_state, mixed, windows, self.conv1d.weight, conved)
+        else:
+            decay.copy_(-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))
+            beta.copy_(b.sigmoid().float())
+            conved.copy_(path_conv(torch.cat([conv_state, mixed], dim=1), windows, self.conv1d.weight))
+        q, k, v = recurrent.split(conved)
+        if tree is None:
+            rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
+            out, final = rule(rule_inputs(q, k, v, decay, beta), state)
+            state.copy_(final)
+            conv_state.copy_(torch.cat([conv_state, mixed], dim=1)[:, tokens:])
+        elif kernels is not None:
+            out = kernels.tree_rule(q, k, v, decay, beta, tree, state)
+        else:
+            out = tree_rule(rule_inputs(q, k, v, decay, beta), tree, state)
+        if kernels is not None:
+            out = kernels.gated_norm(out, z, self.norm.weight, self.norm.eps, x.dtype)
+        else:
+            out = self.norm(out.to(x.dtype), z).reshape(batch_size, tokens, self.value_size)
+        return self.out_proj(out)
 
 
 class Qwen3NextGatedDeltaNet(GatedDeltaNet):
