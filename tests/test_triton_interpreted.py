@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHECKS = textwrap.dedent(
     """
+    import copy
     import sys
     import torch
     sys.path.insert(0, "tests")
@@ -209,6 +210,20 @@ CHECKS = textwrap.dedent(
     want[0].copy_(joined.gather(1, cache._conv_sources(path, count)[..., None].expand(-1, -1, joined.shape[-1])))
     triton_gdn.conv_commit(got[0], cache.inputs[0], path, count)
     close(got, want)
+
+    # The whole commit, every layer in one launch per kernel, against the torch commit layer by layer
+    layered = RecurrentCache([0, 1], B, W, (1, 2), (4, 4), T, torch.float32, torch.device("cpu"))
+    for tensor in (layered.conv, layered.state, layered.inputs, layered.conved, layered.beta):
+        tensor.normal_()
+    layered.decay.uniform_(-1, 0)
+    reference = copy.deepcopy(layered)
+    count = torch.tensor([3, 0, 1])
+    reference.commit(path[:2], count[:2])  # CPU tensors: the torch commit; rows 0..1, the third row untouched
+    _, key, value = layered.split(layered.conved[:, :2])
+    triton_gdn.conv_commit(layered.conv[:, :2], layered.inputs[:, :2], path[:2], count[:2])
+    triton_gdn.replay(layered.state[:, :2], key, value, layered.decay[:, :2], layered.beta[:, :2], path[:2], count[:2])
+    close(layered.conv, reference.conv)
+    close(layered.state, reference.state)
     print("ok")
     """
 )

@@ -106,10 +106,10 @@ class RecurrentCache:
         return tuple(t[index] for t in (self.inputs, self.conved, self.decay, self.beta))
 
     def split(self, conved: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k [B, T, key heads, key dim] and v [B, T, value heads, value dim]: views of q|k|v [B, T, C]."""
+        """q, k [..., key heads, key dim] and v [..., value heads, value dim]: views of q|k|v [..., C]."""
         (key_heads, value_heads), (key_dim, value_dim) = self.heads, self.dims
         q, k, v = conved.split([self.key_size, self.key_size, self.value_size], dim=-1)
-        shape = conved.shape[:2]
+        shape = conved.shape[:-1]
         return (q.view(*shape, key_heads, key_dim), k.view(*shape, key_heads, key_dim),
                 v.view(*shape, value_heads, value_dim))  # fmt: skip
 
@@ -118,19 +118,21 @@ class RecurrentCache:
         each layer's state is replayed along them and its conv inputs end with theirs."""
         rows = path.shape[0]
         kernels = ops.gdn_kernels_for(self.state)
-        if kernels is None:
-            source = self._conv_sources(path, count)
+        if kernels is not None:  # every layer in one launch each
+            _, key, value = self.split(self.conved[:, :rows])
+            kernels.conv_commit(self.conv[:, :rows], self.inputs[:, :rows], path, count)
+            kernels.replay(
+                self.state[:, :rows], key, value, self.decay[:, :rows], self.beta[:, :rows], path, count
+            )
+            return
+        source = self._conv_sources(path, count)
         for i in range(len(self.index)):
             inputs, conved, decay, beta = (t[:rows] for t in self._record(i))
             conv = self.conv[i, :rows]
+            joined = torch.cat([conv, inputs], dim=1)
+            conv.copy_(joined.gather(1, source[..., None].expand(-1, -1, joined.shape[-1])))
             _, key, value = self.split(conved)
-            if kernels is not None:
-                kernels.conv_commit(conv, inputs, path, count)
-                kernels.replay(self.state[i, :rows], key, value, decay, beta, path, count)
-            else:
-                joined = torch.cat([conv, inputs], dim=1)
-                conv.copy_(joined.gather(1, source[..., None].expand(-1, -1, joined.shape[-1])))
-                replay(self.state[i, :rows], key, value, decay, beta, path, count)
+            replay(self.state[i, :rows], key, value, decay, beta, path, count)
 
     def _conv_sources(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """[B, W-1]: the new conv inputs' columns in [committed | recorded tokens]: the last W-1 of the committed

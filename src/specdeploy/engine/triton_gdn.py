@@ -64,20 +64,21 @@ def _tree_rule_kernel(
 
 @triton.jit
 def _replay_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, path_ptr, count_ptr, state_ptr,
-    groups, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sp_b, ss_b, ss_h, eps,
+    k_ptr, v_ptr, g_ptr, beta_ptr, path_ptr, count_ptr, state_ptr, rows,
+    groups, sk_l, sk_b, sk_t, sk_h, sv_l, sv_b, sv_t, sv_h, sd_l, sd_b, sd_t, sp_b, ss_l, ss_b, ss_h, eps,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
-    b, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    lb, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    layer, b = lb // rows, lb % rows  # every layer in one launch: rows share their path across layers
     offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
     mask_k, mask_v = offs_k < DK, offs_v < DV
-    pointers = state_ptr + b * ss_b + head * ss_h + offs_k[:, None] * DV + offs_v[None, :]
+    pointers = state_ptr + layer * ss_l + b * ss_b + head * ss_h + offs_k[:, None] * DV + offs_v[None, :]
     mask = mask_k[:, None] & mask_v[None, :]
     h = tl.load(pointers, mask=mask, other=0.0)
     length = tl.load(count_ptr + b).to(tl.int32)
-    h = _walk(h, path_ptr + b * sp_b, length, k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b,
-              beta_ptr + b * sd_b, head // groups, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v,
-              mask_v, eps)  # fmt: skip
+    h = _walk(h, path_ptr + b * sp_b, length, k_ptr + layer * sk_l + b * sk_b, v_ptr + layer * sv_l + b * sv_b,
+              g_ptr + layer * sd_l + b * sd_b, beta_ptr + layer * sd_l + b * sd_b, head // groups, head, sk_t, sk_h,
+              sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     tl.store(pointers, h, mask=mask)
 
 
@@ -137,19 +138,26 @@ def replay(
     path: torch.Tensor,
     count: torch.Tensor,
 ) -> None:
-    """`gated_delta_rule.replay` in place: state [B, H, Dk, Dv] float32 along the first count[b] of path[b]."""
-    batch, _, key_heads, key_dim = key.shape
-    heads, value_dim = value.shape[2], value.shape[3]
+    """`gated_delta_rule.replay` in place: state [B, H, Dk, Dv] float32 along the first count[b] of path[b]. With
+    a leading layer dim on state [L, B, ...], key, value [L, B, T, heads, dim] and decay/beta [L, B, T, H],
+    every layer in one launch."""
+    if state.dim() == 4:
+        state, key, value, decay, beta = (t[None] for t in (state, key, value, decay, beta))
+    layers, batch, _, key_heads, key_dim = key.shape
+    heads, value_dim = value.shape[3], value.shape[4]
     _check_state(state)
-    for t in (key, value):
-        if t.stride(-1) != 1:
-            raise ValueError("key and value need contiguous head dims")
-    decay, beta, path, count = decay.contiguous(), beta.contiguous(), path.contiguous(), count.contiguous()
+    if (
+        key.stride(-1) != 1
+        or value.stride(-1) != 1
+        or decay.stride(-1) != 1
+        or decay.stride() != beta.stride()
+    ):
+        raise ValueError("key, value, decay and beta need contiguous last dims (decay and beta one layout)")
+    path, count = path.contiguous(), count.contiguous()
     bk, bv = _blocks(key_dim, value_dim)
-    _replay_kernel[(batch, heads, triton.cdiv(value_dim, bv))](
-        key, value, decay, beta, path, count, state,
-        heads // key_heads, key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1),
-        value.stride(2), decay.stride(0), decay.stride(1), path.stride(0), state.stride(0), state.stride(1), EPS,
+    _replay_kernel[(layers * batch, heads, triton.cdiv(value_dim, bv))](
+        key, value, decay, beta, path, count, state, batch, heads // key_heads,
+        *key.stride()[:4], *value.stride()[:4], *decay.stride()[:3], path.stride(0), *state.stride()[:3], EPS,
         DK=key_dim, DV=value_dim, BK=bk, BV=bv,
     )  # fmt: skip
 
@@ -281,10 +289,13 @@ def gated_norm(
 
 @triton.jit
 def _conv_commit_kernel(
-    conv_ptr, inputs_ptr, path_ptr, count_ptr, channels, path_len,
-    sc_b, sc_t, si_b, si_t, sp_b, HISTORY: tl.constexpr, BC: tl.constexpr,
+    conv_ptr, inputs_ptr, path_ptr, count_ptr, rows, channels, path_len,
+    sc_l, sc_b, sc_t, si_l, si_b, si_t, sp_b, HISTORY: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
-    bi, cb = tl.program_id(0), tl.program_id(1)
+    lb, cb = tl.program_id(0), tl.program_id(1)
+    layer, bi = lb // rows, lb % rows
+    conv_ptr += layer * sc_l + bi * sc_b
+    inputs_ptr += layer * si_l + bi * si_b
     offs = cb * BC + tl.arange(0, BC)
     mask = offs < channels
     count = tl.load(count_ptr + bi)
@@ -293,17 +304,20 @@ def _conv_commit_kernel(
         committed = position < HISTORY
         step = tl.minimum(tl.maximum(position - HISTORY, 0), path_len - 1)
         node = tl.load(path_ptr + bi * sp_b + step)
-        old = tl.load(conv_ptr + bi * sc_b + position * sc_t + offs, mask=mask & committed, other=0.0)
-        new = tl.load(inputs_ptr + bi * si_b + node * si_t + offs, mask=mask & ~committed, other=0.0)
-        tl.store(conv_ptr + bi * sc_b + j * sc_t + offs, tl.where(committed, old, new), mask=mask)
+        old = tl.load(conv_ptr + position * sc_t + offs, mask=mask & committed, other=0.0)
+        new = tl.load(inputs_ptr + node * si_t + offs, mask=mask & ~committed, other=0.0)
+        tl.store(conv_ptr + j * sc_t + offs, tl.where(committed, old, new), mask=mask)
 
 
 def conv_commit(conv: torch.Tensor, inputs: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
-    """conv [B, W-1, C] in place: the last W-1 inputs of [conv | inputs at the first count[b] of path[b]]."""
-    batch, history, channels = conv.shape
+    """conv [B, W-1, C] in place: the last W-1 inputs of [conv | inputs at the first count[b] of path[b]]. With a
+    leading layer dim on conv and inputs [L, B, ...], every layer in one launch."""
+    if conv.dim() == 3:
+        conv, inputs = conv[None], inputs[None]
+    layers, batch, history, channels = conv.shape
     path, count = path.contiguous(), count.contiguous()
     block = min(1024, triton.next_power_of_2(channels))
-    _conv_commit_kernel[(batch, triton.cdiv(channels, block))](
-        conv, inputs, path, count, channels, path.shape[1], conv.stride(0), conv.stride(1), inputs.stride(0),
-        inputs.stride(1), path.stride(0), HISTORY=history, BC=block,
+    _conv_commit_kernel[(layers * batch, triton.cdiv(channels, block))](
+        conv, inputs, path, count, batch, channels, path.shape[1], *conv.stride()[:3], *inputs.stride()[:3],
+        path.stride(0), HISTORY=history, BC=block,
     )  # fmt: skip
