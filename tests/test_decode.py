@@ -305,6 +305,36 @@ def test_one_decoder_grows_between_requests_and_frees_a_left_stream(pairs):
     assert 0 < result.prefill_s and 0 < result.decode_s and result.prefill_s + result.decode_s <= wall
 
 
+def test_requests_of_growing_length_reallocate_the_caches_rarely(pairs):
+    """Each longer request may reallocate the caches (and, on a GPU, re-capture every graph): requests whose
+    needs grow from n to N positions reallocate them at most once per doubling, log2(N / n) + 1 times, not at
+    every new longest request; the tokens stay those of a fresh AR decoder."""
+    target, drafter = loaded(pairs["qwen3"])
+    decoder = Decoder(target, drafter, "ddtree", 8)
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    lengths = range(8, 500, 12)
+    caches = [decoder.runner.cache]
+    for length in lengths:
+        prompt = [3 + (i * 7) % 50 for i in range(length)]
+        tokens = decoder.generate(prompt, params).token_ids
+        assert tokens == Decoder(target, mode="ar").generate(prompt, params).token_ids, length
+        if decoder.runner.cache is not caches[-1]:
+            caches.append(decoder.runner.cache)
+    first, last = lengths[0] + params.max_new_tokens, lengths[-1] + params.max_new_tokens
+    assert len(caches) - 1 <= last.bit_length() - first.bit_length() + 1, [c.capacity for c in caches]
+
+
+def test_an_ar_decoder_given_a_drafter_runs_no_drafter_work(pairs, monkeypatch):
+    """AR ignores a drafter it is handed: no context writes or target features per step."""
+    target, drafter = loaded(pairs["qwen3"])
+    calls = []
+    monkeypatch.setattr(drafter, "write_context", lambda *args, **kwargs: calls.append(args))
+    prompt = [3, 4, 5, 6]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    tokens = Decoder(target, drafter, "ar").generate(prompt, params).token_ids
+    assert not calls and tokens == Decoder(target, mode="ar").generate(prompt, params).token_ids
+
+
 def test_decoder_rejects_bad_configurations(pairs):
     target, drafter = loaded(pairs["qwen3"])
     with pytest.raises(SpecdeployError, match="drafter"):

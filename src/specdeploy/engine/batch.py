@@ -90,7 +90,7 @@ class BatchEngine:
         self.prefilling: Request | None = None
         self.running: list[Request] = []  # the request in each row of the runner
         self.runner = StepRunner(
-            target, drafter, mode, budget, rows=max_running, cuda_graphs=cuda_graphs, pad_rows=pad_rows
+            target, self.drafter, mode, budget, rows=max_running, cuda_graphs=cuda_graphs, pad_rows=pad_rows
         )
         if policy is not None and policy.drafting:
             self.runner.predict_acceptance(policy.drafting)
@@ -226,14 +226,17 @@ class BatchEngine:
     # --------------------------------------------------------------------------------------- leaving
 
     def _drop_cancelled(self) -> None:
-        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        if any(r.cancelled for r in self.waiting):  # rebuilt only then: this runs before every step
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
         if self.prefilling is not None and self.prefilling.cancelled:
             self.runner.abandon()
             self.prefilling = None
+        cancelled = False
         for request in self.running:
             if request.cancelled:
-                request.finished = True
-        self._drop_finished()
+                request.finished = cancelled = True
+        if cancelled:
+            self._drop_finished()
 
     def _drop_finished(self) -> None:
         row = 0

@@ -43,6 +43,15 @@ class GenerationResult:
         return len(self.token_ids) / total if total > 0 else 0.0
 
 
+def reserved_context(needed: int, runner: StepRunner, max_positions: int) -> int:
+    """The context a decoder reserves for a request needing `needed` positions: what fills caches of the next
+    power-of-two capacity (within the model's positions, never below the need), so that requests of growing
+    lengths reallocate the caches (and re-capture their graphs) once per doubling, not at every new longest
+    request."""
+    margin = runner.reserve_margin
+    return max(needed, min((1 << (needed + margin - 1).bit_length()) - margin, max_positions))
+
+
 class Decoder:
     def __init__(
         self,
@@ -52,7 +61,7 @@ class Decoder:
         budget: int | None = None,
         cuda_graphs: bool = True,
     ) -> None:
-        # The caches start small and grow to each request's prompt + new tokens (`BatchEngine.reserve`).
+        # The caches start small and grow to each request's prompt + new tokens, rounded up (`reserved_context`).
         self.engine = BatchEngine(
             target, drafter, mode, budget, max_running=1, max_context=1, cuda_graphs=cuda_graphs
         )
@@ -84,7 +93,8 @@ class Decoder:
 
     def _events(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
         engine = self.engine
-        engine.reserve(len(prompt_ids) + params.max_new_tokens)
+        needed = len(prompt_ids) + params.max_new_tokens
+        engine.reserve(reserved_context(needed, engine.runner, engine.target.config.max_position_embeddings))
         request = engine.submit(prompt_ids, params)
         try:
             while not request.finished:

@@ -163,6 +163,7 @@ class StepRunner:
         self.prefix, self.root, self.prompt_len = zeros.clone(), zeros.clone(), zeros.clone()
         self.row_index = torch.arange(rows, device=self.device)
         self.live = torch.zeros(rows, dtype=torch.bool, device=self.device)  # the step's running rows
+        self._live_shape: tuple[int, int] | None = None  # (rows, running) that `live` holds now
         self.acceptance = Acceptance(
             path=torch.zeros(rows, depth + 1, dtype=torch.long, device=self.device),
             length=zeros.clone(),
@@ -198,10 +199,15 @@ class StepRunner:
             buffers.logits = torch.zeros(self.rows, size + 1, vocab, dtype=self.dtype, device=self.device)
         return buffers
 
+    @property
+    def reserve_margin(self) -> int:
+        """Cache slots per row beyond the committed positions: a step's tree or block, and the scratch slot."""
+        return max(self.tree_size() + 1, self.block) + 1
+
     def reserve(self, positions: int) -> None:
         """Make the caches hold `positions` committed positions per row, plus a step's tree and block."""
         budget = self.tree_size()
-        needed = positions + max(budget + 1, self.block) + 1  # +1: the scratch slot
+        needed = positions + self.reserve_margin
         if self.cache is not None and self.cache.capacity >= needed:
             return
         if self.running or self._pending is not None:
@@ -244,6 +250,7 @@ class StepRunner:
         window = window or self.window(1)
         self._tree_buffers(size)
         self.live[:rows] = False
+        self._live_shape = None
         untimed = lambda name, key, stage, eager=False, protect=(), neutral=None: self._run(  # noqa: E731
             key, stage, eager, protect, neutral
         )
@@ -383,7 +390,9 @@ class StepRunner:
         started = time.perf_counter()
         active = self.active
         rows = self.step_rows(active)
-        torch.lt(self.row_index[:rows], active, out=self.live[:rows])
+        if self._live_shape != (rows, active):  # one launch fewer per step while the running rows stay
+            torch.lt(self.row_index[:rows], active, out=self.live[:rows])
+            self._live_shape = (rows, active)
         size = self.tree_size(budget)
         self._tree_buffers(size)
         prefixes = [row.prefix for row in self.running]
