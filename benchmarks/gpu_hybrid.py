@@ -39,6 +39,10 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_stages import commit_of, run  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 # committed batch-1 qwen3-8b step costs (same command, 512/128 tokens), newest first: each mode is compared
 # with the newest file that measured it
@@ -60,18 +64,6 @@ BARS = {
 TOTAL_S = 530  # the whole run, under 9 minutes
 TESTS_FLOOR_S = 60  # fewer seconds left than this: the tests are skipped, not started
 SMOKE_SLOWDOWN = 8  # a smoke run's limits are this many times the GPU run's: a shared CPU is that much slower
-
-
-def commit_of(given: str | None) -> str:
-    if given:
-        return given
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        return done.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def query(command: list[str]) -> str | None:
@@ -99,20 +91,6 @@ def machine(commit: str) -> dict:
         **{name: version(name) for name in ("torch", "triton", "transformers")},
         "specdeploy_commit": commit,
     }
-
-
-def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
-    """Run `command` with output to `log`, killed after `limit` seconds: (return code, seconds)."""
-    started = time.monotonic()
-    with log.open("w") as out:
-        try:
-            code = subprocess.run(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=limit
-            ).returncode
-        except subprocess.TimeoutExpired:
-            out.write(f"\n[killed after {limit:.0f} s]\n")
-            code = 124
-    return code, time.monotonic() - started
 
 
 def verdict(value: float | None, bar: float, at_least: bool) -> dict:

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_stages import commit_of, run  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 # committed batch-1 qwen3-8b step costs (same command, same 512/128 tokens): newest first
 QWEN3_BASELINES = [
@@ -37,32 +40,6 @@ STAGES = [  # (shape, modes, seconds at most)
     ("qwen3-8b", "ar,dflash,ddtree-16,ddtree-64", 80),
 ]
 TOTAL_S = 470  # the whole run, under 8 minutes
-
-
-def commit_of(given: str | None) -> str:
-    if given:
-        return given
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        return done.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
-    """Run `command` with output to `log`, killed after `limit` seconds: (return code, seconds)."""
-    started = time.monotonic()
-    with log.open("w") as out:
-        try:
-            code = subprocess.run(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=limit
-            ).returncode
-        except subprocess.TimeoutExpired:
-            out.write(f"\n[killed after {limit:.0f} s]\n")
-            code = 124
-    return code, time.monotonic() - started
 
 
 def qwen3_regressions(measured: dict) -> dict:
