@@ -218,6 +218,22 @@ def test_an_adaptive_budget_keeps_every_output_and_shrinks_trees_under_load(pair
     assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == single
 
 
+def test_auto_on_a_hybrid_target_measures_its_startup_cost_and_keeps_greedy_outputs(pairs):
+    """The start-up cost comes from dead steps of the shared runner, recurrent layers included."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    target, drafter = pairs["qwen3_next"]
+    policy = BudgetPolicy([0, 2, 8, 16])
+    engine = BatchEngine(target, drafter, "ddtree", 16, max_running=4, max_context=128, policy=policy)
+    assert set(policy.cost.as_dict()) == {0, 2, 8, 16}
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    greedy = [
+        Decoder(target, None, "ar").generate(p, q).token_ids for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    got = run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
+    assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == greedy
+
+
 def scripted_policy(cycle: list[int]):
     """A policy whose budgets come in a fixed cycle (AR steps among them), whatever runs: the steps' budget
     changes mid-request. It still predicts, calibrates and measures as the real one does; its start-up cost
