@@ -151,7 +151,7 @@ def test_sampling_stays_lossless_under_batching(small_vocab_pairs, family, mode,
     prompt = [1, 2, 3]
     policy = scripted_policy([8, 0, 2, 0, 0, 1, 4]) if budget == "changing" else None
     budget = 8 if policy is not None else budget
-    engine = BatchEngine(target, drafter, mode, budget, max_running=6, max_context=64, policy=policy)
+    engine = BatchEngine(target, drafter, mode, budget, max_running=16, max_context=64, policy=policy)
     schedule = []
     for seed in range(RUNS):
         schedule.append((seed // 4, prompt, with_seed(params, seed)))
