@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_stages import commit_of, run  # noqa: E402
+from gpu_stages import commit_of, committed_steps, run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # committed batch-1 qwen3-8b step costs (same command, 512/128 tokens), newest first: each mode is compared
@@ -150,16 +150,6 @@ def hybrid_shape_verdicts(measured: dict) -> dict:
         "step_vs_ar": {k: r["ms_per_step"] / ar["ms_per_step"] for k, r in rows.items()} if ar else {},
         "rows": rows,
     }
-
-
-def committed_steps(baselines: list[Path]) -> dict[str, tuple[float, str]]:
-    """{mode: (ms per step, file)} from the newest of `baselines` (newest first) that measured the mode."""
-    committed: dict[str, tuple[float, str]] = {}
-    for path in baselines:
-        if path.exists():
-            for key, row in json.loads(path.read_text())["engine"].items():
-                committed.setdefault(key, (row["ms_per_step"], path.name))
-    return committed
 
 
 def regression_verdicts(measured: dict, baselines: list[Path]) -> dict:

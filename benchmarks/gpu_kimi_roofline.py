@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_stages import commit_of, run  # noqa: E402
+from gpu_stages import commit_of, committed_steps, run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # committed batch-1 qwen3-8b step costs (same command, same 512/128 tokens): newest first
@@ -44,11 +44,7 @@ TOTAL_S = 470  # the whole run, under 8 minutes
 
 def qwen3_regressions(measured: dict) -> dict:
     """Each measured mode against its newest committed value: ratio and whether it is within 3%."""
-    committed: dict[str, tuple[float, str]] = {}
-    for path in reversed(QWEN3_BASELINES):  # newer files override older ones
-        if path.exists():
-            for key, row in json.loads(path.read_text())["engine"].items():
-                committed[key] = (row["ms_per_step"], path.name)
+    committed = committed_steps(QWEN3_BASELINES)
     out = {}
     for key, row in measured.get("engine", {}).items():
         if key in committed:

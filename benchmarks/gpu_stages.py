@@ -1,8 +1,9 @@
-"""What the one-call GPU scripts (gpu_kimi_roofline.py, gpu_hybrid.py) share: the commit measured, and each
-stage run in its own process under a time limit with its output in a log."""
+"""What the one-call GPU scripts (gpu_kimi_roofline.py, gpu_hybrid.py) share: the commit measured, each stage
+run in its own process under a time limit with its output in a log, and the committed steps a run compares with."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -35,3 +36,13 @@ def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
             out.write(f"\n[killed after {limit:.0f} s]\n")
             code = 124
     return code, time.monotonic() - started
+
+
+def committed_steps(baselines: list[Path]) -> dict[str, tuple[float, str]]:
+    """{mode: (ms per step, file)} from the newest of `baselines` (newest first) that measured the mode."""
+    committed: dict[str, tuple[float, str]] = {}
+    for path in baselines:
+        if path.exists():
+            for key, row in json.loads(path.read_text())["engine"].items():
+                committed.setdefault(key, (row["ms_per_step"], path.name))
+    return committed
