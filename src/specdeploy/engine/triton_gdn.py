@@ -111,7 +111,10 @@ def tree_rule(
     for t in (query, key, value):
         if t.stride(-1) != 1:
             raise ValueError("query, key and value need contiguous head dims")
-    decay, beta, paths = decay.contiguous(), beta.contiguous(), paths.contiguous()
+    # decay/beta are the record's slices (strided when a step verifies fewer tokens than it holds): no copy
+    if decay.stride(-1) != 1 or decay.stride() != beta.stride():
+        raise ValueError("decay and beta need one layout with contiguous heads")
+    paths = paths.contiguous()
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
     depths = paths.shape[-1]
