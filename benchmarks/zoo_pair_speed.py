@@ -54,7 +54,8 @@ def measure_pair(name: str, args: argparse.Namespace) -> dict:
     for decoder in decoders.values():
         decoder.generate(longest, params)  # warm-up: kernels compile, graphs are captured
     totals = {
-        key: {"tokens": 0, "seconds": 0.0, "accepted": 0, "steps": 0, "outputs": []} for key in decoders
+        key: {"tokens": 0, "seconds": 0.0, "prefill_s": 0.0, "accepted": 0, "steps": 0, "outputs": []}
+        for key in decoders
     }
     for prompt in prompts:  # modes take turns prompt by prompt
         for key, decoder in decoders.items():
@@ -62,6 +63,7 @@ def measure_pair(name: str, args: argparse.Namespace) -> dict:
             result = decoder.generate(prompt, params)
             totals[key]["seconds"] += time.perf_counter() - started
             totals[key]["tokens"] += len(result.token_ids)
+            totals[key]["prefill_s"] += result.prefill_s
             totals[key]["accepted"] += sum(result.accept_lengths)
             totals[key]["steps"] += result.num_steps
             totals[key]["outputs"].append(result.token_ids)
@@ -74,13 +76,34 @@ def measure_pair(name: str, args: argparse.Namespace) -> dict:
             "tokens_per_s": rate,
             "speedup_vs_ar": rate / (ar["tokens"] / ar["seconds"]),
             "same_output_as_ar": sum(a == b for a, b in zip(total["outputs"], ar["outputs"], strict=True)),
+            # where a request's time goes: its prefill (to the first token) and each step, loop included
+            "prefill_ms_per_request": 1e3 * total["prefill_s"] / len(prompts),
+            "ms_per_step": 1e3 * (total["seconds"] - total["prefill_s"]) / max(total["steps"], 1),
         }
         if args.stage_times:
             rows[key]["stage_ms"] = stage_breakdown(decoders[key], prompts[0], params)
+        if args.profile_dir is not None:
+            profile_request(decoders[key], prompts[0], params, args.profile_dir / f"{name}_{key}.txt")
         print(f"{name} {key:<10} tau {rows[key]['tau']:5.2f}  {rate:8.1f} tok/s  "
               f"{rows[key]['speedup_vs_ar']:5.2f}x  same as ar {rows[key]['same_output_as_ar']}/{len(prompts)}",
               flush=True)  # fmt: skip
     return {"prompts": len(prompts), "rows": rows}
+
+
+def profile_request(decoder: Decoder, prompt: list[int], params: SamplingParams, path: Path) -> None:
+    """torch.profiler's operator table (host and device time, call counts) of one request, to `path`."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        decoder.generate(prompt, params)
+    averages = profiler.key_averages()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        averages.table(sort_by="self_cpu_time_total", row_limit=40)
+        + "\n"
+        + averages.table(sort_by="count", row_limit=25)
+    )
 
 
 def main() -> None:
@@ -93,6 +116,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--stage-times", action="store_true", help="per-stage ms per step for every mode")
+    parser.add_argument("--profile-dir", type=Path, help="write one profiled request's operator table per mode")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     result = {
