@@ -116,7 +116,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--stage-times", action="store_true", help="per-stage ms per step for every mode")
-    parser.add_argument("--profile-dir", type=Path, help="write one profiled request's operator table per mode")
+    parser.add_argument(
+        "--profile-dir", type=Path, help="write one profiled request's operator table per mode"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     result = {
