@@ -175,6 +175,22 @@ CHECKS = textwrap.dedent(
     close(got, want)
     assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
 
+    # A prefill chunk in one launch against the token-by-token rule, and past a 64-token chunk the chunked one
+    from specdeploy.engine.models.gated_delta_rule import chain_rule, chunked_rule
+    for tokens, key_heads, value_dim in ((1, 2, 40), (3, 2, 40), (70, 1, 8)):  # 40: a partial column block
+        mixed = torch.randn(2, tokens, 2 * key_heads * DK)
+        q, k = (t.view(2, tokens, key_heads, DK) for t in mixed.split(key_heads * DK, dim=-1))
+        v = torch.randn(2, tokens, 2 * key_heads, value_dim)  # two value heads per key head
+        g, beta = -torch.rand(2, tokens, 2 * key_heads), torch.rand(2, tokens, 2 * key_heads)
+        initial = torch.randn(2, 2 * key_heads, DK, value_dim)
+        state = initial.clone()
+        out = triton_gdn.chain_rule(q, k, v, g, beta, state)
+        inputs = rule_inputs(q, k, v, g, beta)
+        for rule in (chain_rule, chunked_rule) if tokens > 64 else (chain_rule,):
+            want, final = rule(inputs, initial)
+            close(out, want)
+            close(state, final)
+
     # The layer's elementwise work: gates, the path convolution (without joining state and new inputs), the norm
     import torch.nn.functional as F
     from specdeploy.engine.models.gated_deltanet import GatedRMSNorm, path_conv
@@ -224,6 +240,30 @@ CHECKS = textwrap.dedent(
     triton_gdn.replay(layered.state[:, :2], key, value, layered.decay[:, :2], layered.beta[:, :2], path[:2], count[:2])
     close(layered.conv, reference.conv)
     close(layered.state, reference.state)
+
+    # A hybrid model's prefill in two chunks with every Gated DeltaNet kernel (as CUDA dispatches them) against
+    # the torch path: logits, recurrent states and conv inputs
+    from specdeploy.engine.loading import resolve_family, target_config
+    from specdeploy.engine.single_pass import target_pass
+    raw = {"architectures": ["Qwen3_5ForCausalLM"], "vocab_size": 32, "hidden_size": 32, "intermediate_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+           "linear_value_head_dim": 8, "layer_types": ["linear_attention", "full_attention"],
+           "max_position_embeddings": 64}
+    family, text, _ = resolve_family(raw)
+    model = family(target_config(raw, text, None)).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.data.normal_(0, 0.3)  # a fresh layer's norm weights and gates are exactly 0 or 1
+    ids = torch.randint(0, 32, (2, 8))
+    results = {}
+    for kernels in (None, triton_gdn):
+        ops.gdn_kernels_for = lambda x, kernels=kernels: kernels
+        cache = model.new_cache(2, 16)
+        # 6 tokens, then 2: fewer than the conv history (3), whose state then keeps older inputs
+        results[kernels] = [target_pass(model, ids[:, a:b], torch.arange(a, b)[None], cache, cached=a)[0]
+                            for a, b in ((0, 6), (6, 8))] + [cache.recurrent.state, cache.recurrent.conv]
+    for got, want in zip(results[triton_gdn], results[None]):
+        close(got, want)
     print("ok")
     """
 )

@@ -1,10 +1,12 @@
-"""Triton kernels of the gated delta rule over draft trees: `tree_rule` and `replay` of `gated_delta_rule` on CUDA.
+"""Triton kernels of the gated delta rule: `tree_rule`, `replay` and `chain_rule` of `gated_delta_rule` on CUDA.
 
-Each program owns one (token, value head, block of value columns): the delta rule is independent per value
-column, so a [Dk, BV] slice of the state stays in registers while the program walks the token's root path
-from the committed state. No per-token state is ever written to memory, and the shapes are fixed, so a
-verification with recurrent layers is captured in a CUDA graph. Arithmetic follows the torch reference step
-by step (L2 norms with eps inside the root, decay, recall, corrected write) in float32.
+Each tree program owns one (token, value head, block of value columns): the delta rule is independent per
+value column, so a [Dk, BV] slice of the state stays in registers while the program walks the token's root
+path from the committed state. No per-token state is ever written to memory, and the shapes are fixed, so a
+verification with recurrent layers is captured in a CUDA graph. A prefill chunk (`chain_rule`) has one
+program per (row, value head, block) walking the whole chain: each token's output on the way, the final
+state at the end. Arithmetic follows the torch reference step by step (L2 norms with eps inside the root,
+decay, recall, corrected write) in float32.
 """
 
 from __future__ import annotations
@@ -17,20 +19,36 @@ EPS = 1e-6  # gated_delta_rule.l2norm's
 
 
 @triton.jit
+def _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
+          mask_k, offs_v, mask_v, eps):  # fmt: skip
+    """h advanced by the token at index `node`: `gated_delta_rule.delta_step` with its key L2-normalised."""
+    k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
+    v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(decay_ptr + node * sd_t + head)
+    beta = tl.load(beta_ptr + node * sd_t + head)
+    h = h * tl.exp(g)
+    recalled = tl.sum(h * k[:, None], axis=0)
+    return h + k[:, None] * ((v - recalled) * beta)[None, :]
+
+
+@triton.jit
 def _walk(h, path_ptr, length, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h,
           sd_t, offs_k, mask_k, offs_v, mask_v, eps):  # fmt: skip
     """h advanced along the first `length` token indices at path_ptr."""
     for d in range(0, length):
         node = tl.load(path_ptr + d)
-        k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
-        v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        g = tl.load(decay_ptr + node * sd_t + head)
-        beta = tl.load(beta_ptr + node * sd_t + head)
-        h = h * tl.exp(g)
-        recalled = tl.sum(h * k[:, None], axis=0)
-        h = h + k[:, None] * ((v - recalled) * beta)[None, :]
+        h = _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t,
+                  offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     return h
+
+
+@triton.jit
+def _read(h, query_ptr, offs_k, mask_k, scale, eps):
+    """The output h^T q of the query at query_ptr, L2-normalised and scaled as `rule_inputs` does."""
+    q = tl.load(query_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + eps) * scale
+    return tl.sum(h * q[:, None], axis=0)
 
 
 @triton.jit
@@ -56,9 +74,7 @@ def _tree_rule_kernel(
     length = tl.sum((tl.load(path_ptr + offs_d, mask=offs_d < depths, other=-1) >= 0).to(tl.int32), axis=0)
     h = _walk(h, path_ptr, length, k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b,
               key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
-    q = tl.load(q_ptr + b * sq_b + t * sq_t + key_head * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + eps) * scale
-    out = tl.sum(h * q[:, None], axis=0)
+    out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
     tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
 
 
@@ -79,6 +95,29 @@ def _replay_kernel(
     h = _walk(h, path_ptr + b * sp_b, length, k_ptr + layer * sk_l + b * sk_b, v_ptr + layer * sv_l + b * sv_b,
               g_ptr + layer * sd_l + b * sd_b, beta_ptr + layer * sd_l + b * sd_b, head // groups, head, sk_t, sk_h,
               sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
+    tl.store(pointers, h, mask=mask)
+
+
+@triton.jit
+def _chain_rule_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr,
+    tokens, groups, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, ss_b, ss_h, so_b, so_t, so_h,
+    scale, eps,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    b, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // groups
+    offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    pointers = state_ptr + b * ss_b + head * ss_h + offs_k[:, None] * DV + offs_v[None, :]
+    mask = mask_k[:, None] & mask_v[None, :]
+    h = tl.load(pointers, mask=mask, other=0.0)
+    k_ptr, v_ptr, g_ptr, beta_ptr = k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b
+    for t in range(0, tokens):
+        h = _step(h, t, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k,
+                  offs_v, mask_v, eps)  # fmt: skip
+        out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
+        tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
     tl.store(pointers, h, mask=mask)
 
 
@@ -163,6 +202,38 @@ def replay(
         *key.stride()[:4], *value.stride()[:4], *decay.stride()[:3], path.stride(0), *state.stride()[:3], EPS,
         DK=key_dim, DV=value_dim, BK=bk, BV=bv,
     )  # fmt: skip
+
+
+def chain_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """`gated_delta_rule.chain_rule` (or `chunked_rule`) from the layer's tensors in one launch, the final state
+    written into `state` [B, H, Dk, Dv] float32 in place: query/key [B, T, Hk, Dk] and value [B, T, H, Dv]
+    (strided views are fine), decay/beta [B, T, H] float32. Returns outputs [B, T, H, Dv] float32.
+
+    Each program walks the T tokens in order with its state slice in registers: O(T) work, no T x T terms.
+    """
+    batch, tokens, key_heads, key_dim = key.shape
+    heads, value_dim = value.shape[2], value.shape[3]
+    _check_state(state)
+    if any(t.stride(-1) != 1 for t in (query, key, value, decay)) or decay.stride() != beta.stride():
+        raise ValueError(
+            "query, key, value, decay and beta need contiguous last dims (decay and beta one layout)"
+        )
+    out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
+    bk, bv = _blocks(key_dim, value_dim)
+    _chain_rule_kernel[(batch, heads, triton.cdiv(value_dim, bv))](
+        query, key, value, decay, beta, state, out, tokens, heads // key_heads,
+        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *decay.stride()[:2], *state.stride()[:2],
+        *out.stride()[:3], key_dim**-0.5, EPS,
+        DK=key_dim, DV=value_dim, BK=bk, BV=bv,
+    )  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------- the layer's elementwise work

@@ -54,6 +54,15 @@ def path_conv(inputs: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor)
     return F.silu((taps.float() * kernel).sum(dim=2)).to(inputs.dtype)
 
 
+def keep_last_inputs(conv_state: torch.Tensor, inputs: torch.Tensor) -> None:
+    """conv_state [B, W-1, C] in place: the last W-1 of [conv_state | inputs [B, T, C]] (a chain committed)."""
+    history, tokens = conv_state.shape[1], inputs.shape[1]
+    if tokens >= history:
+        conv_state.copy_(inputs[:, tokens - history :])
+    else:  # the old state's last W-1-T, then every new input: a join of W-1 rows (copy_ must not overlap)
+        conv_state.copy_(torch.cat([conv_state[:, tokens:], inputs], dim=1))
+
+
 class GatedDeltaNet(nn.Module):
     """The shared body; subclasses say how the input projections are laid out in their checkpoints.
 
@@ -111,7 +120,9 @@ class GatedDeltaNet(nn.Module):
             conved = torch.empty_like(mixed)
             decay = torch.empty(a.shape, dtype=torch.float32, device=x.device)
             beta = torch.empty_like(decay)
-            windows = causal_windows(tokens, self.conv_width, x.device)
+            windows = batch.shared.get("conv_windows")  # every recurrent layer of the forward shares them
+            if windows is None:
+                windows = batch.shared["conv_windows"] = causal_windows(tokens, self.conv_width, x.device)
         else:  # a tree: outputs now, the state once the accepted path is known (RecurrentCache.commit)
             inputs, conved, decay, beta = recurrent.record(self.layer_idx, rows, tokens)
             inputs.copy_(mixed)
@@ -131,10 +142,13 @@ class GatedDeltaNet(nn.Module):
             conved.copy_(path_conv(torch.cat([conv_state, mixed], dim=1), windows, self.conv1d.weight))
         q, k, v = recurrent.split(conved)
         if tree is None:
-            rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
-            out, final = rule(rule_inputs(q, k, v, decay, beta), state)
-            state.copy_(final)
-            conv_state.copy_(torch.cat([conv_state, mixed], dim=1)[:, tokens:])
+            if kernels is not None:  # one launch, the state advanced in place
+                out = kernels.chain_rule(q, k, v, decay, beta, state)
+            else:
+                rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
+                out, final = rule(rule_inputs(q, k, v, decay, beta), state)
+                state.copy_(final)
+            keep_last_inputs(conv_state, mixed)
         elif kernels is not None:
             out = kernels.tree_rule(q, k, v, decay, beta, tree, state)
         else:
