@@ -286,18 +286,67 @@ def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_give
     stepped.reserve(128)
     stepped.begin(prompt, SamplingParams(), None)
     tokens = prompt + [stepped.prefill(len(prompt))]
-    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0):
+    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0, 8):  # the last step takes in the AR steps' features
         tokens += stepped.step(budget)[0][0]
-    prefix = stepped.running[0].prefix
-    taken_in = prefix - int(stepped.ctx_count[0])  # the last step's features are written by the next step
-    assert taken_in > len(prompt) + 6
+    # the last step's features wait for the next draft: the drafter took in all but those
+    assert assert_drafter_cache_equals_a_prefill(target, drafter, stepped, tokens) > len(prompt) + 9
+
+
+def assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens: list[int]) -> int:
+    """The runner's one row: its drafter's cache at every position whose features it took in equals that of a
+    runner that prefilled the same tokens as one prompt. Returns how many positions that is."""
+    from specdeploy.engine.step import StepRunner
+
+    prefix = runner.running[0].prefix
+    taken_in = prefix - int(runner.ctx_count[0])
     prefilled = StepRunner(target, drafter, "ddtree", 8)
-    prefilled.reserve(128)
+    prefilled.reserve(runner.cache.usable)
     prefilled.begin(tokens[:prefix], SamplingParams(), None)
     prefilled.prefill(prefix)
-    for mine, theirs in zip(stepped.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
+    for mine, theirs in zip(runner.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
         for a, b in zip(mine, theirs, strict=True):
             torch.testing.assert_close(a[:, 0, :taken_in], b[:, 0, :taken_in], rtol=1e-4, atol=1e-5)
+    return taken_in
+
+
+@pytest.mark.parametrize("pad_rows", [False, True])
+def test_ar_steps_run_no_drafter_work_until_their_pending_features_would_overflow(
+    pairs, monkeypatch, pad_rows
+):
+    """An AR step of a drafting runner keeps its target feature pending instead of running the drafter; in a
+    run of AR steps longer than the pending buffer, the step whose feature would not fit takes them all in
+    (one write), and the next drafting step takes in the rest (one write) before it drafts. The drafter's
+    cache then equals a prefill of the same tokens, and the tokens are the target's greedy ones."""
+    from specdeploy.engine.step import StepRunner
+
+    target, drafter = pairs["qwen3"]
+    prompt = [3, 17, 9, 41, 5]
+    runner = StepRunner(target, drafter, "ddtree", 8, pad_rows=pad_rows)
+    limit = runner.pending_limit
+    runner.reserve(len(prompt) + 3 * limit)
+    runner.begin(prompt, SamplingParams(), None)
+    tokens = prompt + [runner.prefill(len(prompt))]
+    drafted = runner.step(8)[0][0]
+    tokens += drafted
+    writes: list[int] = []  # feature rows of each drafter write
+    original = drafter.write_context
+    monkeypatch.setattr(drafter, "write_context", lambda context, *a, **k: (writes.append(context.shape[1]),
+                                                                          original(context, *a, **k)))  # fmt: skip
+    pending = len(drafted)  # the drafting step's accepted path: its features wait for the next write
+    ar_steps = limit - pending + 3
+    for step in range(1, ar_steps + 1):
+        tokens += runner.step(0)[0][0]
+        overflowed = pending + 1 > limit
+        pending = 1 if overflowed else pending + 1
+        assert len(writes) == (step > limit - len(drafted)), step  # one write, at the step that overflowed
+    assert writes == [limit]  # every pending feature, a fixed-shape size too
+    assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
+    writes.clear()  # the comparison's prefill wrote too
+    tokens += runner.step(8)[0][0]
+    assert pending == 3 and writes == [drafter.block_size if pad_rows else pending]
+    assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
+    params = SamplingParams(max_new_tokens=len(tokens) - len(prompt), ignore_eos=True)
+    assert tokens[len(prompt) :] == Decoder(target, None, "ar").generate(prompt, params).token_ids
 
 
 def test_seeded_samples_with_budgets_changing_and_ar_steps_equal_single_requests(pairs):
