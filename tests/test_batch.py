@@ -182,11 +182,15 @@ def test_requests_that_cannot_fit_are_refused(pairs):
     assert torch.is_tensor(engine.runner.prefix)
 
 
-def step_cost(seconds, budgets: list[int], rows: list[int]):
-    """A start-up step cost tabulated from `seconds(rows, budget)`."""
+def step_cost(seconds, budgets: list[int], rows: list[int], windows: tuple[int, ...] = (64,)):
+    """A start-up step cost tabulated from `seconds(rows, budget)` (or `seconds(rows, budget, window)` at
+    each of several `windows`)."""
     from specdeploy.engine.budget import CostCurve, StepCost
 
-    return StepCost({b: CostCurve({r: seconds(r, b) for r in rows}) for b in budgets})
+    def at(r: int, b: int, w: int) -> float:
+        return seconds(r, b) if len(windows) == 1 else seconds(r, b, w)
+
+    return StepCost({b: {w: CostCurve({r: at(r, b, w) for r in rows}) for w in windows} for b in budgets})
 
 
 def verify_and_draft(verify, draft):
@@ -241,7 +245,7 @@ def scripted_policy(cycle: list[int]):
     from specdeploy.engine.budget import BudgetPolicy
 
     class Scripted(BudgetPolicy):
-        def choose(self, running: int) -> int:
+        def choose(self, running: int, window: int | None = None) -> int:
             self.choices += 1
             return cycle[self.choices % len(cycle)]
 
@@ -458,6 +462,63 @@ def test_measured_step_times_correct_a_wrong_startup_curve():
     assert measured.describe()["measured_over_predicted_by_budget"][4] < 0.1
 
 
+def test_the_step_cost_is_read_at_the_steps_attention_window():
+    """Deep into long requests a step reads a large window, which costs a tree's many tokens more than one
+    token each: the policy that drafts at short contexts takes AR steps at long ones."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    def seconds(rows: int, budget: int, window: int) -> float:  # weights, then attention over the window
+        return 1e-2 + 2e-3 * (budget > 0) + 1e-7 * rows * (budget + 1) * window
+
+    budgets = [0, 4, 16]
+    accept = {0: 1.0, 4: 2.0, 16: 2.4}
+    policy = BudgetPolicy(
+        budgets, step_cost(seconds, budgets, [1, 8], windows=(64, 4096)), explore_every=1000
+    )
+    policy.observe(4, [2] * 8, expected=[[accept[4], accept[16]]] * 8)  # the trees predict what is realised
+    policy.calibration_steps = 0  # (no calibration: these are exactly what is realised)
+    for window in (64, 512, 2048, 4096):
+        best = max(budgets, key=lambda b: accept[b] / seconds(8, b, window))
+        assert policy.choose(8, window) == best, window
+    assert policy.choose(8, 64) == 16 and policy.choose(8, 4096) == 0  # the trap a single window falls into
+
+
+def test_a_load_that_changes_while_one_budget_runs_does_not_make_the_others_look_cheap():
+    """On a shared machine the load swings: here it triples after 150 steps, while the policy mostly runs the
+    best budget and measures the other only now and then. Comparing each budget's own measured-over-
+    predicted ratios, taken at different moments, would make the rarely run budget look 3x cheaper for
+    dozens of steps; the load, shared by every budget, must cancel out."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    true = {0: 10e-3, 4: 24e-3}  # the start-up cost below gets budget 4 wrong by 1.2x
+    accept = {0: 1.0, 4: 3.0}  # budget 4: 3 / 24 against AR's 1 / 10 tokens per ms, 25% better
+    policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: {0: 10e-3, 4: 20e-3}[b], [0, 4], [1, 8]),
+                          explore_every=10)  # fmt: skip
+    ran = []
+    for step in range(300):
+        load = 1.0 if step < 150 else 3.0
+        budget = policy.choose(4)
+        ran.append(budget)
+        expected = [[accept[4]]] * 4 if budget else None
+        policy.observe(budget, [accept[budget]] * 4, true[budget] * load, expected)
+    after = ran[150:]
+    assert after.count(4) >= len(after) * 0.9 - 1  # every tenth step explores AR
+    assert policy.describe()["measured_over_predicted_by_budget"][4] == pytest.approx(3.6)
+
+
+def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):
+    """The windows the engine passes to the policy are those its steps attend over: they grow with the
+    request (slots of 64 on the CPU), from the prompt plus a block to past the 100 tokens generated."""
+    target, drafter = pairs["qwen3"]
+    windows: list[int] = []
+    policy = scripted_policy([0, 4])
+    choose = policy.choose
+    policy.choose = lambda running, window=None: windows.append(window) or choose(running, window)
+    engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=256, policy=policy)
+    run(engine, [(0, [3, 17, 9, 41, 5], SamplingParams(max_new_tokens=100, ignore_eos=True))])
+    assert windows == sorted(windows) and set(windows) == {64, 128}
+
+
 def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pairs):
     """An auto policy without a cost gets one from dead steps on the engine's own runner; those steps write
     only scratch slots, so every output afterwards still equals its single-request output."""
@@ -466,8 +527,14 @@ def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pai
     target, drafter = pairs["deepseek_v3"]
     policy = BudgetPolicy([2, 8])
     engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, policy=policy)
-    assert sorted(policy.cost.as_dict()) == [2, 8]
-    assert all(sorted(by_rows) == [1, 2, 4] for by_rows in policy.cost.as_dict().values())
+    measured = policy.cost.as_dict()
+    capacity = engine.runner.cache.capacity  # 128 positions and a step's margin, in slots of 64: 192
+    assert sorted(measured) == [2, 8] and all(
+        sorted(by_window) == [64, capacity] for by_window in measured.values()
+    )
+    assert all(
+        sorted(by_rows) == [1, 2, 4] for by_window in measured.values() for by_rows in by_window.values()
+    )
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
     single = [
         Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids

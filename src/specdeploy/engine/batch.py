@@ -147,8 +147,9 @@ class BatchEngine:
         self._drop_cancelled()
         events = self._prefill()
         if self.running:
-            budget = self.policy.choose(len(self.running)) if self.policy is not None else None
-            events += self._step(budget)
+            window = self.runner.draft_window()  # what the step's cost is read at
+            budget = self.policy.choose(len(self.running), window) if self.policy is not None else None
+            events += self._step(budget, window)
         self._drop_finished()
         return events
 
@@ -201,7 +202,7 @@ class BatchEngine:
 
     # ---------------------------------------------------------------------------------------- decode
 
-    def _step(self, budget: int | None) -> list[Event]:
+    def _step(self, budget: int | None, window: int) -> list[Event]:
         events = []
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
         results = self.runner.step(budget)
@@ -215,7 +216,7 @@ class BatchEngine:
                 request.predicted.append(self.policy.calibrated(budget, own))
             events.append(self._event(request, tokens, verified))
         if self.policy is not None:
-            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected)
+            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected, window)
         return events
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:

@@ -306,6 +306,11 @@ class StepRunner:
         torch.cuda.synchronize(self.device)
         return len(self.graphs.graphs) - before
 
+    def draft_window(self) -> int:
+        """The attention window of the next step's drafter pass (its verify's too, but for trees deeper than a
+        block): what a dead step at that window costs is what the step costs."""
+        return self.window(max(row.prefix for row in self.running) + self.block)
+
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
         if self.device.type == "cuda":
@@ -434,7 +439,7 @@ class StepRunner:
         self._tree_buffers(size)
         prefixes = [row.prefix for row in self.running]
         greedy = all(row.params.greedy for row in self.running)
-        draft_window = self.window(max(prefixes) + self.block)
+        draft_window = self.draft_window()
         catch_up = 0
         if self.drafter is not None:
             pending = max(row.context for row in self.running)
