@@ -431,6 +431,23 @@ def test_when_drafting_does_not_pay_the_policy_takes_ar_steps():
     assert policy.estimate(16) < 1.05 and policy.describe()["predicted_accept_length_by_budget"][0] == 1.0
 
 
+def test_one_pessimistic_first_tree_does_not_start_a_run_of_ar_steps():
+    """A request's first tree can predict next to nothing; AR steps predict nothing, so trusting that one
+    tree would run AR steps until an exploring step drafts again. The first few steps draft, and the policy
+    then follows the trees."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    cost = step_cost(lambda rows, budget: {0: 10e-3, 4: 15e-3, 16: 20e-3}[budget], [0, 4, 16], [1, 8])
+    policy = BudgetPolicy([0, 4, 16], cost, explore_every=1000)
+    trees = [[1.05, 1.1], [2.6, 3.6], [2.4, 3.4], [2.5, 3.5]]  # predicted at budgets 4 and 16
+    ran = []
+    for tree in trees:
+        ran.append(policy.choose(1))
+        realised = round(tree[[4, 16].index(ran[-1])])  # as predicted
+        policy.observe(ran[-1], [realised], expected=[tree])
+    assert 0 not in ran and policy.choose(1) == 16
+
+
 def test_measured_step_times_correct_a_wrong_startup_curve():
     """A start-up cost that is wrong (here flat in the tokens, as eager launch-bound forwards are, while the
     real steps grow with them): the policy must follow the steps' measured times, and a first step that
@@ -475,8 +492,8 @@ def test_the_step_cost_is_read_at_the_steps_attention_window():
     policy = BudgetPolicy(
         budgets, step_cost(seconds, budgets, [1, 8], windows=(64, 4096)), explore_every=1000
     )
-    policy.observe(4, [2] * 8, expected=[[accept[4], accept[16]]] * 8)  # the trees predict what is realised
-    policy.calibration_steps = 0  # (no calibration: these are exactly what is realised)
+    for _ in range(3):  # trees that predict what is realised
+        policy.observe(4, [2] * 8, expected=[[accept[4], accept[16]]] * 8)
     for window in (64, 512, 2048, 4096):
         best = max(budgets, key=lambda b: accept[b] / seconds(8, b, window))
         assert policy.choose(8, window) == best, window

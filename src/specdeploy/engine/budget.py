@@ -177,11 +177,12 @@ class BudgetPolicy:
 
     def estimate(self, budget: int) -> float:
         """Expected tokens per request per step at `budget`: 1 for an AR step; else the trees' calibrated
-        prediction (before any drafting step, budget + 1: every budget is as good as it could be, which makes
-        the first steps draft and so predict)."""
+        prediction (before MIN_SAMPLES drafting steps, budget + 1: every budget is as good as it could be,
+        which makes the first steps draft and so predict; one tree alone, say a request's first, can predict
+        so little that AR steps, which predict nothing, would follow until an exploring step)."""
         if budget == 0:
             return 1.0
-        if not self.predictions:
+        if self.predictions < MIN_SAMPLES:
             return float(budget + 1)
         return 1 + self.calibration() * (self.predicted[budget] - 1)
 
