@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from decode_helpers import write_pair
@@ -521,6 +523,38 @@ def test_a_load_that_changes_while_one_budget_runs_does_not_make_the_others_look
     after = ran[150:]
     assert after.count(4) >= len(after) * 0.9 - 1  # every tenth step explores AR
     assert policy.describe()["measured_over_predicted_by_budget"][4] == pytest.approx(3.6)
+
+
+def test_the_time_an_iteration_spends_outside_its_step_favours_longer_steps():
+    """A server delivers every step's tokens between steps: time that every budget pays once per step, so it
+    weighs on AR steps, which commit one token each, the most."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    seconds = {0: 10e-3, 4: 25e-3}
+    # budget 4 commits 2.4 tokens a step: by the steps alone AR's 1 / 10 beats its 2.4 / 25 tokens per ms
+    policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: seconds[b], [0, 4], [1, 8]), explore_every=1000)
+    for _ in range(3):
+        policy.observe(4, [2.4], seconds[4], expected=[[2.4]])  # trees that predict what is realised
+    assert policy.choose(1) == 0
+    for _ in range(3):  # 5 ms between steps: AR 1 / 15 against 2.4 / 30
+        policy.observe_overhead(5e-3)
+    assert policy.overhead() == pytest.approx(5e-3) and policy.choose(1) == 4
+
+
+def test_an_engine_measures_the_time_between_its_steps_but_not_its_idle_time(pairs):
+    """What a server does between iterations (here 20 ms of sleep) is measured as the overhead of a step;
+    the wait for requests while none runs is not."""
+    target, drafter = pairs["qwen3"]
+    policy = scripted_policy([0, 4])
+    engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=128, policy=policy)
+    for prompt in ([3, 17, 9], [5, 6]):
+        engine.submit(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True))
+        while not engine.idle:
+            engine.iterate()
+            time.sleep(0.02)
+        time.sleep(0.5)  # idle
+    assert len(policy.overheads) >= 8 and 0.02 <= policy.overhead() < 0.1
+    assert max(policy.overheads) < 0.3
 
 
 def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):

@@ -24,8 +24,11 @@ predicted time is the product of the machine's load at the time (shared by every
 swings by 1.5x within a minute) and what the start-up cost gets wrong about that budget; the policy keeps the
 load as the median over the last steps, whatever their budgets, of each one's ratio over its budget's
 correction, and a budget's correction as the median of its recent steps' ratios over the load at their time.
-The load cancels between budgets, so budgets whose steps ran at different moments are still compared as if
-side by side (a budget not yet measured takes the median correction of those that were). Every
+The load is common to every budget, so budgets whose steps ran at different moments are still compared as if
+side by side (a budget not yet measured takes the median correction of those that were). An iteration also
+spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
+overhead, measured between steps, is the same at every budget and weighs most on the shortest steps, so it is
+added to each budget's step time. Every
 `explore_every`-th choice takes the best budget whose cost is not yet measured, or else the runner-up, so every
 budget's cost gets measured (and a run of AR steps, which predicts nothing, is broken by a drafting step now
 and then).
@@ -168,6 +171,7 @@ class BudgetPolicy:
         # each budget's recent steps' measured / predicted time over the load at their time
         self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}
         self.recent: deque[tuple[int, float]] = deque(maxlen=LOAD_WINDOW)  # (budget, measured / predicted)
+        self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -208,14 +212,29 @@ class BudgetPolicy:
             return None
         return statistics.median(ratio / self.cost_ratio(budget) for budget, ratio in self.recent)
 
-    def throughput(self, running: int, budget: int, window: int | None = None) -> float:
-        """Tokens per second at `budget` but for the load, which every budget shares."""
-        seconds = self.step_seconds(running, budget, window) * self.cost_ratio(budget)
+    def overhead(self) -> float:
+        """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
+        return statistics.median(self.overheads) if self.overheads else 0.0
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Fold in the time from one step's end to the next one's start, less the prefill in between."""
+        self.overheads.append(max(0.0, seconds))
+
+    def throughput(
+        self, running: int, budget: int, window: int | None = None, load: float | None = None
+    ) -> float:
+        """Tokens per second at `budget`, its step at the current load (`load`, when already known) plus the
+        overhead of an iteration."""
+        load = load if load is not None else self.load() or 1.0
+        seconds = (
+            self.step_seconds(running, budget, window) * self.cost_ratio(budget) * load + self.overhead()
+        )
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def choose(self, running: int, window: int | None = None) -> int:
         """The budget for a step of `running` requests whose attention window is `window` (slots)."""
-        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window))
+        load = self.load() or 1.0
+        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load))
         self.choices += 1
         explore = len(ranked) > 1 and self.choices % self.explore_every == 0
         unmeasured = [b for b in ranked[1:] if len(self.cost_ratios[b]) < MIN_SAMPLES]
@@ -287,5 +306,6 @@ class BudgetPolicy:
                 if r
             },
             "load": round(self.load() or 1.0, 4),
+            "overhead_ms": round(1e3 * self.overhead(), 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }
