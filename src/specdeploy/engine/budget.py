@@ -19,7 +19,8 @@ policy keeps:
   steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
 and picks, for r running requests at window w, the budget b that maximises r * accept(b) / cost(r, b, w), where
-cost is the start-up cost times a correction per budget from the measured steps. A step's measured over
+cost is the start-up cost times a correction per budget and the load, both from the measured steps, plus an
+iteration's overhead. A step's measured over
 predicted time is the product of the machine's load at the time (shared by every budget: on a shared CPU it
 swings by 1.5x within a minute) and what the start-up cost gets wrong about that budget; the policy keeps the
 load as the median over the last steps, whatever their budgets, of each one's ratio over its budget's
@@ -28,10 +29,9 @@ The load is common to every budget, so budgets whose steps ran at different mome
 side by side (a budget not yet measured takes the median correction of those that were). An iteration also
 spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
 overhead, measured between steps, is the same at every budget and weighs most on the shortest steps, so it is
-added to each budget's step time. Every
-`explore_every`-th choice takes the best budget whose cost is not yet measured, or else the runner-up, so every
-budget's cost gets measured (and a run of AR steps, which predicts nothing, is broken by a drafting step now
-and then).
+added to each budget's step time. Every `explore_every`-th choice takes the best budget whose cost is not yet
+measured, or else the runner-up, so every budget's cost gets measured (and a run of AR steps, which predicts
+nothing, is broken by a drafting step now and then).
 """
 
 from __future__ import annotations
