@@ -84,9 +84,8 @@ class BatchEngine:
         self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.policy = policy
-        self._last_step_end: float | None = (
-            None  # when the last step's tokens reached the host; None: idle since
-        )
+        # when the last step's tokens reached the host (None: no request has run since)
+        self._last_step_end: float | None = None
         self.device = target.embed_tokens.weight.device
         self._ids = itertools.count(1)
         self.waiting: deque[Request] = deque()
@@ -210,7 +209,8 @@ class BatchEngine:
     # ---------------------------------------------------------------------------------------- decode
 
     def _step(self, budget: int | None, window: int, prefill_seconds: float) -> list[Event]:
-        """`prefill_seconds`: this iteration's prefill, which the time since the last step less it is not."""
+        """`prefill_seconds`: this iteration's prefill time; the time since the last step less it is the
+        iteration's overhead."""
         events = []
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
         if self.policy is not None and self._last_step_end is not None:
