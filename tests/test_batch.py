@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from decode_helpers import write_pair
@@ -182,11 +184,15 @@ def test_requests_that_cannot_fit_are_refused(pairs):
     assert torch.is_tensor(engine.runner.prefix)
 
 
-def step_cost(seconds, budgets: list[int], rows: list[int]):
-    """A start-up step cost tabulated from `seconds(rows, budget)`."""
+def step_cost(seconds, budgets: list[int], rows: list[int], windows: tuple[int, ...] = (64,)):
+    """A start-up step cost tabulated from `seconds(rows, budget)` (or `seconds(rows, budget, window)` at
+    each of several `windows`)."""
     from specdeploy.engine.budget import CostCurve, StepCost
 
-    return StepCost({b: CostCurve({r: seconds(r, b) for r in rows}) for b in budgets})
+    def at(r: int, b: int, w: int) -> float:
+        return seconds(r, b) if len(windows) == 1 else seconds(r, b, w)
+
+    return StepCost({b: {w: CostCurve({r: at(r, b, w) for r in rows}) for w in windows} for b in budgets})
 
 
 def verify_and_draft(verify, draft):
@@ -241,7 +247,7 @@ def scripted_policy(cycle: list[int]):
     from specdeploy.engine.budget import BudgetPolicy
 
     class Scripted(BudgetPolicy):
-        def choose(self, running: int) -> int:
+        def choose(self, running: int, window: int | None = None) -> int:
             self.choices += 1
             return cycle[self.choices % len(cycle)]
 
@@ -286,18 +292,67 @@ def test_after_ar_steps_the_drafter_holds_what_a_prefill_of_the_same_tokens_give
     stepped.reserve(128)
     stepped.begin(prompt, SamplingParams(), None)
     tokens = prompt + [stepped.prefill(len(prompt))]
-    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0):
+    for budget in (8, 0, 0, 3, 0, 8, 8, 0, 0, 0, 8):  # the last step takes in the AR steps' features
         tokens += stepped.step(budget)[0][0]
-    prefix = stepped.running[0].prefix
-    taken_in = prefix - int(stepped.ctx_count[0])  # the last step's features are written by the next step
-    assert taken_in > len(prompt) + 6
+    # the last step's features wait for the next draft: the drafter took in all but those
+    assert assert_drafter_cache_equals_a_prefill(target, drafter, stepped, tokens) > len(prompt) + 9
+
+
+def assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens: list[int]) -> int:
+    """The runner's one row: its drafter's cache at every position whose features it took in equals that of a
+    runner that prefilled the same tokens as one prompt. Returns how many positions that is."""
+    from specdeploy.engine.step import StepRunner
+
+    prefix = runner.running[0].prefix
+    taken_in = prefix - int(runner.ctx_count[0])
     prefilled = StepRunner(target, drafter, "ddtree", 8)
-    prefilled.reserve(128)
+    prefilled.reserve(runner.cache.usable)
     prefilled.begin(tokens[:prefix], SamplingParams(), None)
     prefilled.prefill(prefix)
-    for mine, theirs in zip(stepped.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
+    for mine, theirs in zip(runner.draft_cache.groups, prefilled.draft_cache.groups, strict=True):
         for a, b in zip(mine, theirs, strict=True):
             torch.testing.assert_close(a[:, 0, :taken_in], b[:, 0, :taken_in], rtol=1e-4, atol=1e-5)
+    return taken_in
+
+
+@pytest.mark.parametrize("pad_rows", [False, True])
+def test_ar_steps_run_no_drafter_work_until_their_pending_features_would_overflow(
+    pairs, monkeypatch, pad_rows
+):
+    """An AR step of a drafting runner keeps its target feature pending instead of running the drafter; in a
+    run of AR steps longer than the pending buffer, the step whose feature would not fit takes them all in
+    (one write), and the next drafting step takes in the rest (one write) before it drafts. The drafter's
+    cache then equals a prefill of the same tokens, and the tokens are the target's greedy ones."""
+    from specdeploy.engine.step import StepRunner
+
+    target, drafter = pairs["qwen3"]
+    prompt = [3, 17, 9, 41, 5]
+    runner = StepRunner(target, drafter, "ddtree", 8, pad_rows=pad_rows)
+    limit = runner.pending_limit
+    runner.reserve(len(prompt) + 3 * limit)
+    runner.begin(prompt, SamplingParams(), None)
+    tokens = prompt + [runner.prefill(len(prompt))]
+    drafted = runner.step(8)[0][0]
+    tokens += drafted
+    writes: list[int] = []  # feature rows of each drafter write
+    original = drafter.write_context
+    monkeypatch.setattr(drafter, "write_context", lambda context, *a, **k: (writes.append(context.shape[1]),
+                                                                          original(context, *a, **k)))  # fmt: skip
+    pending = len(drafted)  # the drafting step's accepted path: its features wait for the next write
+    ar_steps = limit - pending + 3
+    for step in range(1, ar_steps + 1):
+        tokens += runner.step(0)[0][0]
+        overflowed = pending + 1 > limit
+        pending = 1 if overflowed else pending + 1
+        assert len(writes) == (step > limit - len(drafted)), step  # one write, at the step that overflowed
+    assert writes == [limit]  # every pending feature, a fixed-shape size too
+    assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
+    writes.clear()  # the comparison's prefill wrote too
+    tokens += runner.step(8)[0][0]
+    assert pending == 3 and writes == [drafter.block_size if pad_rows else pending]
+    assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
+    params = SamplingParams(max_new_tokens=len(tokens) - len(prompt), ignore_eos=True)
+    assert tokens[len(prompt) :] == Decoder(target, None, "ar").generate(prompt, params).token_ids
 
 
 def test_seeded_samples_with_budgets_changing_and_ar_steps_equal_single_requests(pairs):
@@ -378,6 +433,23 @@ def test_when_drafting_does_not_pay_the_policy_takes_ar_steps():
     assert policy.estimate(16) < 1.05 and policy.describe()["predicted_accept_length_by_budget"][0] == 1.0
 
 
+def test_one_pessimistic_first_tree_does_not_start_a_run_of_ar_steps():
+    """A request's first tree can predict next to nothing; AR steps predict nothing, so trusting that one
+    tree would run AR steps until an exploring step drafts again. The first few steps draft, and the policy
+    then follows the trees."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    cost = step_cost(lambda rows, budget: {0: 10e-3, 4: 15e-3, 16: 20e-3}[budget], [0, 4, 16], [1, 8])
+    policy = BudgetPolicy([0, 4, 16], cost, explore_every=1000)
+    trees = [[1.05, 1.1], [2.6, 3.6], [2.4, 3.4], [2.5, 3.5]]  # predicted at budgets 4 and 16
+    ran = []
+    for tree in trees:
+        ran.append(policy.choose(1))
+        realised = round(tree[[4, 16].index(ran[-1])])  # as predicted
+        policy.observe(ran[-1], [realised], expected=[tree])
+    assert 0 not in ran and policy.choose(1) == 16
+
+
 def test_measured_step_times_correct_a_wrong_startup_curve():
     """A start-up cost that is wrong (here flat in the tokens, as eager launch-bound forwards are, while the
     real steps grow with them): the policy must follow the steps' measured times, and a first step that
@@ -409,6 +481,95 @@ def test_measured_step_times_correct_a_wrong_startup_curve():
     assert measured.describe()["measured_over_predicted_by_budget"][4] < 0.1
 
 
+def test_the_step_cost_is_read_at_the_steps_attention_window():
+    """Deep into long requests a step reads a large window, which costs a tree's many tokens more than one
+    token each: the policy that drafts at short contexts takes AR steps at long ones."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    def seconds(rows: int, budget: int, window: int) -> float:  # weights, then attention over the window
+        return 1e-2 + 2e-3 * (budget > 0) + 1e-7 * rows * (budget + 1) * window
+
+    budgets = [0, 4, 16]
+    accept = {0: 1.0, 4: 2.0, 16: 2.4}
+    policy = BudgetPolicy(
+        budgets, step_cost(seconds, budgets, [1, 8], windows=(64, 4096)), explore_every=1000
+    )
+    for _ in range(3):  # trees that predict what is realised
+        policy.observe(4, [2] * 8, expected=[[accept[4], accept[16]]] * 8)
+    for window in (64, 512, 2048, 4096):
+        best = max(budgets, key=lambda b: accept[b] / seconds(8, b, window))
+        assert policy.choose(8, window) == best, window
+    assert policy.choose(8, 64) == 16 and policy.choose(8, 4096) == 0  # the trap a single window falls into
+
+
+def test_a_load_that_changes_while_one_budget_runs_does_not_make_the_others_look_cheap():
+    """On a shared machine the load swings: here it triples after 150 steps, while the policy mostly runs the
+    best budget and measures the other only now and then. Comparing each budget's own measured-over-
+    predicted ratios, taken at different moments, would make the rarely run budget look 3x cheaper for
+    dozens of steps; the load, shared by every budget, must cancel out."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    true = {0: 10e-3, 4: 24e-3}  # the start-up cost below gets budget 4 wrong by 1.2x
+    accept = {0: 1.0, 4: 3.0}  # budget 4: 3 / 24 against AR's 1 / 10 tokens per ms, 25% better
+    policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: {0: 10e-3, 4: 20e-3}[b], [0, 4], [1, 8]),
+                          explore_every=10)  # fmt: skip
+    ran = []
+    for step in range(300):
+        load = 1.0 if step < 150 else 3.0
+        budget = policy.choose(4)
+        ran.append(budget)
+        expected = [[accept[4]]] * 4 if budget else None
+        policy.observe(budget, [accept[budget]] * 4, true[budget] * load, expected)
+    after = ran[150:]
+    assert after.count(4) >= len(after) * 0.9 - 1  # every tenth step explores AR
+    assert policy.describe()["measured_over_predicted_by_budget"][4] == pytest.approx(3.6)
+
+
+def test_the_time_an_iteration_spends_outside_its_step_favours_longer_steps():
+    """A server delivers every step's tokens between steps: time that every budget pays once per step, so it
+    weighs on AR steps, which commit one token each, the most."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    seconds = {0: 10e-3, 4: 25e-3}
+    # budget 4 commits 2.4 tokens a step: by the steps alone AR's 1 / 10 beats its 2.4 / 25 tokens per ms
+    policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: seconds[b], [0, 4], [1, 8]), explore_every=1000)
+    for _ in range(3):
+        policy.observe(4, [2.4], seconds[4], expected=[[2.4]])  # trees that predict what is realised
+    assert policy.choose(1) == 0
+    for _ in range(3):  # 5 ms between steps: AR 1 / 15 against 2.4 / 30
+        policy.observe_overhead(5e-3)
+    assert policy.overhead() == pytest.approx(5e-3) and policy.choose(1) == 4
+
+
+def test_an_engine_measures_the_time_between_its_steps_but_not_its_idle_time(pairs):
+    """What a server does between iterations (here 20 ms of sleep) is measured as the overhead of a step;
+    the wait for requests while none runs is not."""
+    target, drafter = pairs["qwen3"]
+    policy = scripted_policy([0, 4])
+    engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=128, policy=policy)
+    for prompt in ([3, 17, 9], [5, 6]):
+        engine.submit(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True))
+        while not engine.idle:
+            engine.iterate()
+            time.sleep(0.02)
+        time.sleep(0.5)  # idle
+    assert len(policy.overheads) >= 8 and 0.02 <= policy.overhead() < 0.1
+    assert max(policy.overheads) < 0.3
+
+
+def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):
+    """The windows the engine passes to the policy are those its steps attend over: they grow with the
+    request (slots of 64 on the CPU), from the prompt plus a block to past the 100 tokens generated."""
+    target, drafter = pairs["qwen3"]
+    windows: list[int] = []
+    policy = scripted_policy([0, 4])
+    choose = policy.choose
+    policy.choose = lambda running, window=None: windows.append(window) or choose(running, window)
+    engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=256, policy=policy)
+    run(engine, [(0, [3, 17, 9, 41, 5], SamplingParams(max_new_tokens=100, ignore_eos=True))])
+    assert windows == sorted(windows) and set(windows) == {64, 128}
+
+
 def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pairs):
     """An auto policy without a cost gets one from dead steps on the engine's own runner; those steps write
     only scratch slots, so every output afterwards still equals its single-request output."""
@@ -417,8 +578,14 @@ def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pai
     target, drafter = pairs["deepseek_v3"]
     policy = BudgetPolicy([2, 8])
     engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, policy=policy)
-    assert sorted(policy.cost.as_dict()) == [2, 8]
-    assert all(sorted(by_rows) == [1, 2, 4] for by_rows in policy.cost.as_dict().values())
+    measured = policy.cost.as_dict()
+    capacity = engine.runner.cache.capacity  # 128 positions and a step's margin, in slots of 64: 192
+    assert sorted(measured) == [2, 8] and all(
+        sorted(by_window) == [64, capacity] for by_window in measured.values()
+    )
+    assert all(
+        sorted(by_rows) == [1, 2, 4] for by_window in measured.values() for by_rows in by_window.values()
+    )
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
     single = [
         Decoder(target, drafter, "ddtree", 8).generate(p, q).token_ids

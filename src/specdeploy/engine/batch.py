@@ -84,6 +84,8 @@ class BatchEngine:
         self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.policy = policy
+        # when the last step's tokens reached the host (None: no request has run since)
+        self._last_step_end: float | None = None
         self.device = target.embed_tokens.weight.device
         self._ids = itertools.count(1)
         self.waiting: deque[Request] = deque()
@@ -145,11 +147,16 @@ class BatchEngine:
     def iterate(self) -> list[Event]:
         """Admit and prefill within this iteration's token budget, then one step of every running request."""
         self._drop_cancelled()
+        started = time.perf_counter()
         events = self._prefill()
+        prefill_seconds = time.perf_counter() - started
         if self.running:
-            budget = self.policy.choose(len(self.running)) if self.policy is not None else None
-            events += self._step(budget)
+            window = self.runner.draft_window()  # what the step's cost is read at
+            budget = self.policy.choose(len(self.running), window) if self.policy is not None else None
+            events += self._step(budget, window, prefill_seconds)
         self._drop_finished()
+        if not self.running:
+            self._last_step_end = None  # the wait for requests is no step's overhead
         return events
 
     # --------------------------------------------------------------------------------------- prefill
@@ -201,12 +208,17 @@ class BatchEngine:
 
     # ---------------------------------------------------------------------------------------- decode
 
-    def _step(self, budget: int | None) -> list[Event]:
+    def _step(self, budget: int | None, window: int, prefill_seconds: float) -> list[Event]:
+        """`prefill_seconds`: this iteration's prefill time; the time since the last step less it is the
+        iteration's overhead."""
         events = []
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
+        if self.policy is not None and self._last_step_end is not None:
+            self.policy.observe_overhead(started - self._last_step_end - prefill_seconds)
         results = self.runner.step(budget)
         expected = self.runner.expected
         seconds = time.perf_counter() - started
+        self._last_step_end = started + seconds  # what follows (events, a server's delivery) is overhead
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
@@ -215,7 +227,7 @@ class BatchEngine:
                 request.predicted.append(self.policy.calibrated(budget, own))
             events.append(self._event(request, tokens, verified))
         if self.policy is not None:
-            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected)
+            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected, window)
         return events
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:

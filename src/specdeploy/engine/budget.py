@@ -3,23 +3,35 @@
 A bigger tree commits more tokens per step but costs more to verify, and the verify cost grows with the
 tokens of every running request together: at batch 1 a 64-node tree is almost free, at 32 requests it
 competes for the same FLOPs. Budget 0 is "no drafting": an AR step (the target alone, one token per request;
-the drafter only takes in the step's features, so it is current when drafting resumes). The policy keeps:
+its features wait for the drafter's next pass, which takes them in first, so drafting resumes exactly). The
+policy keeps:
 
-- cost: seconds of one whole step (draft, tree, verify, accept, commit) per budget and running count,
-  measured at start-up on the engine's own step runner, with dead rows (`StepRunner.dead_step`: the same
-  kernels, or CUDA graphs, as a real step, committing nothing); row counts in between are interpolated;
+- cost: seconds of one whole step (draft, tree, verify, accept, commit) per budget, running count and
+  attention window, measured at start-up on the engine's own step runner, with dead rows
+  (`StepRunner.dead_step`: the same kernels, or CUDA graphs, as a real step, committing nothing), every
+  shape once per pass so that a change of load hits all budgets alike; counts and windows in between are
+  interpolated (a step's attention reads its whole window: real steps deep into their requests cost more
+  than steps at the smallest window);
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
   calibrates it by one factor, the ratio of realised to predicted accepted draft tokens over the drafting
   steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
-and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b), where cost(r, b) is
-the start-up cost times the median ratio of measured to predicted time over the budget's recent steps (real
-steps read longer contexts than the start-up ones; a budget not yet measured takes the median ratio of those
-that were). Every `explore_every`-th choice takes the best budget whose cost is not yet measured, or else the
-runner-up, so every budget's cost gets measured (and a run of AR steps, which predicts nothing, is broken by a
-drafting step now and then).
+and picks, for r running requests at window w, the budget b that maximises r * accept(b) / cost(r, b, w), where
+cost is the start-up cost times a correction per budget and the load, both from the measured steps, plus an
+iteration's overhead. A step's measured over
+predicted time is the product of the machine's load at the time (shared by every budget: on a shared CPU it
+swings by 1.5x within a minute) and what the start-up cost gets wrong about that budget; the policy keeps the
+load as the median over the last steps, whatever their budgets, of each one's ratio over its budget's
+correction, and a budget's correction as the median of its recent steps' ratios over the load at their time.
+The load is common to every budget, so budgets whose steps ran at different moments are still compared as if
+side by side (a budget not yet measured takes the median correction of those that were). An iteration also
+spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
+overhead, measured between steps, is the same at every budget and weighs most on the shortest steps, so it is
+added to each budget's step time. Every `explore_every`-th choice takes the best budget whose cost is not yet
+measured, or else the runner-up, so every budget's cost gets measured (and a run of AR steps, which predicts
+nothing, is broken by a drafting step now and then).
 """
 
 from __future__ import annotations
@@ -39,8 +51,11 @@ if TYPE_CHECKING:
 
 MIN_SAMPLES = 3  # steps before the calibration, or a budget's measured cost, is trusted
 EWMA = 0.05  # weight of a new step in the running means of acceptance (a plain mean over the first 1/EWMA)
-COST_WINDOW = 16  # recent steps per budget whose measured/predicted time ratios are kept (median: robust to
-# the few steps that include compiling or capturing a new CUDA graph)
+COST_WINDOW = 16  # recent steps per budget whose corrections are kept (median: robust to the few steps that
+# include compiling or capturing a new CUDA graph)
+LOAD_WINDOW = 8  # recent steps the load is the median over: half a budget's window, so that the steps a load
+# change takes to show leave a budget's median correction unmoved
+WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -69,41 +84,63 @@ class CostCurve:
 
 
 class StepCost:
-    """Seconds of one step per budget, as a function of the running rows."""
+    """Seconds of one step per budget, as a function of the running rows and the attention window."""
 
-    def __init__(self, by_budget: dict[int, CostCurve]) -> None:
+    def __init__(self, by_budget: dict[int, dict[int, CostCurve]]) -> None:
+        """`by_budget`: budget -> attention window -> seconds over running rows."""
         self.by_budget = by_budget
 
-    def __call__(self, rows: int, budget: int) -> float:
-        return self.by_budget[budget](rows)
+    def __call__(self, rows: int, budget: int, window: int | None = None) -> float:
+        """At `window` (default: the smallest measured), linear between the windows measured."""
+        by_window = self.by_budget[budget]
+        if window is None or len(by_window) == 1:
+            return by_window[min(by_window)](rows)
+        return CostCurve({w: curve(rows) for w, curve in by_window.items()})(window)
 
-    def as_dict(self) -> dict[int, dict[int, float]]:
-        return {budget: curve.as_dict() for budget, curve in sorted(self.by_budget.items())}
+    def as_dict(self) -> dict[int, dict[int, dict[int, float]]]:
+        return {
+            budget: {window: curve.as_dict() for window, curve in sorted(by_window.items())}
+            for budget, by_window in sorted(self.by_budget.items())
+        }
+
+
+def cost_windows(runner: StepRunner) -> list[int]:
+    """The attention windows the start-up cost is measured at: the smallest, WINDOW_SPACING times larger
+    ones, and the whole cache's."""
+    windows, used = [], 1
+    while used < runner.cache.capacity:
+        windows.append(runner.window(used))
+        used = windows[-1] * WINDOW_SPACING
+    return sorted({*windows, runner.window(runner.cache.capacity)})
 
 
 @torch.inference_mode()
 def measure_step_cost(runner: StepRunner, budgets: list[int], repeats: int = 3) -> StepCost:
     """Median seconds of a dead step per budget at every row bucket the runner uses (or powers of two and
-    the largest count, when it does not pad), after one warm-up step each (which captures its graphs)."""
+    the largest count, when it does not pad) and every window of `cost_windows`, after one warm-up step
+    each (which captures its graphs). Each pass times every shape once, so a load that changes during the
+    measurement weighs on every budget alike."""
     rows_measured = (
         runner.row_buckets() if runner.pad_rows else sorted({*powers_of_two(runner.rows), runner.rows})
     )
+    shapes = [(b, r, w) for b in budgets for r in rows_measured for w in cost_windows(runner)]
     synchronize = torch.cuda.synchronize if runner.device.type == "cuda" else lambda device: None
-    by_budget = {}
-    for budget in budgets:
-        points = {}
-        for rows in rows_measured:
-            runner.dead_step(rows, budget)
-            times = []
-            for _ in range(repeats):
-                synchronize(runner.device)
-                started = time.perf_counter()
-                runner.dead_step(rows, budget)
-                synchronize(runner.device)
-                times.append(time.perf_counter() - started)
-            points[rows] = sorted(times)[len(times) // 2]
-        by_budget[budget] = CostCurve(points)
-    return StepCost(by_budget)
+    for budget, rows, window in shapes:
+        runner.dead_step(rows, budget, window)
+    times: dict[tuple[int, int, int], list[float]] = {shape: [] for shape in shapes}
+    for _ in range(repeats):
+        for budget, rows, window in shapes:
+            synchronize(runner.device)
+            started = time.perf_counter()
+            runner.dead_step(rows, budget, window)
+            synchronize(runner.device)
+            times[budget, rows, window].append(time.perf_counter() - started)
+    points: dict[int, dict[int, dict[int, float]]] = {}
+    for (budget, rows, window), seconds in times.items():
+        points.setdefault(budget, {}).setdefault(window, {})[rows] = statistics.median(seconds)
+    return StepCost(
+        {b: {w: CostCurve(by_rows) for w, by_rows in by_window.items()} for b, by_window in points.items()}
+    )
 
 
 def running_mean(mean: float, value: float, count: int) -> float:
@@ -131,7 +168,10 @@ class BudgetPolicy:
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
         self.choices = 0
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
-        self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}  # measured / predicted
+        # each budget's recent steps' measured / predicted time over the load at their time
+        self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}
+        self.recent: deque[tuple[int, float]] = deque(maxlen=LOAD_WINDOW)  # (budget, measured / predicted)
+        self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -141,11 +181,12 @@ class BudgetPolicy:
 
     def estimate(self, budget: int) -> float:
         """Expected tokens per request per step at `budget`: 1 for an AR step; else the trees' calibrated
-        prediction (before any drafting step, budget + 1: every budget is as good as it could be, which makes
-        the first steps draft and so predict)."""
+        prediction (before MIN_SAMPLES drafting steps, budget + 1: every budget is as good as it could be,
+        which makes the first steps draft and so predict; one tree alone, say a request's first, can predict
+        so little that AR steps, which predict nothing, would follow until an exploring step)."""
         if budget == 0:
             return 1.0
-        if not self.predictions:
+        if self.predictions < MIN_SAMPLES:
             return float(budget + 1)
         return 1 + self.calibration() * (self.predicted[budget] - 1)
 
@@ -153,23 +194,47 @@ class BudgetPolicy:
         """A tree's own prediction at `budget` for one request, calibrated as the policy's estimate is."""
         return 1.0 if budget == 0 else 1 + self.calibration() * (predicted - 1)
 
-    def step_seconds(self, running: int, budget: int) -> float:
+    def step_seconds(self, running: int, budget: int, window: int | None = None) -> float:
         """Seconds of one step by the start-up cost."""
-        return self.cost(running, budget)
+        return self.cost(running, budget, window)
 
     def cost_ratio(self, budget: int) -> float:
-        """Measured over predicted step time at `budget` (the other budgets' while it is little measured)."""
+        """The correction of `budget`'s start-up cost, relative to the load (the other budgets' while it is
+        little measured)."""
         if len(self.cost_ratios[budget]) >= MIN_SAMPLES:
             return statistics.median(self.cost_ratios[budget])
         measured = [statistics.median(r) for r in self.cost_ratios.values() if len(r) >= MIN_SAMPLES]
         return statistics.median(measured) if measured else 1.0
 
-    def throughput(self, running: int, budget: int) -> float:
-        seconds = self.step_seconds(running, budget) * self.cost_ratio(budget)
+    def load(self) -> float | None:
+        """Measured over predicted time of the last steps, each over its budget's correction (None before any)."""
+        if not self.recent:
+            return None
+        return statistics.median(ratio / self.cost_ratio(budget) for budget, ratio in self.recent)
+
+    def overhead(self) -> float:
+        """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
+        return statistics.median(self.overheads) if self.overheads else 0.0
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Fold in the time from one step's end to the next one's start, less the prefill in between."""
+        self.overheads.append(max(0.0, seconds))
+
+    def throughput(
+        self, running: int, budget: int, window: int | None = None, load: float | None = None
+    ) -> float:
+        """Tokens per second at `budget`, its step at the current load (`load`, when already known) plus the
+        overhead of an iteration."""
+        load = load if load is not None else self.load() or 1.0
+        seconds = (
+            self.step_seconds(running, budget, window) * self.cost_ratio(budget) * load + self.overhead()
+        )
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
-    def choose(self, running: int) -> int:
-        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b))
+    def choose(self, running: int, window: int | None = None) -> int:
+        """The budget for a step of `running` requests whose attention window is `window` (slots)."""
+        load = self.load() or 1.0
+        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load))
         self.choices += 1
         explore = len(ranked) > 1 and self.choices % self.explore_every == 0
         unmeasured = [b for b in ranked[1:] if len(self.cost_ratios[b]) < MIN_SAMPLES]
@@ -183,14 +248,19 @@ class BudgetPolicy:
         accept_lengths: list[int],
         seconds: float | None = None,
         expected: list[list[float]] | None = None,
+        window: int | None = None,
     ) -> None:
         """Fold in one step at `budget`: the tokens each running request committed, the step's measured time
-        (`seconds`, when known) and, for a drafting step, each request's tree prediction at every drafting
-        budget (`expected`, rows in the order of `drafting`)."""
+        (`seconds`, when known, at attention `window`) and, for a drafting step, each request's tree
+        prediction at every drafting budget (`expected`, rows in the order of `drafting`)."""
         if seconds is not None:
-            step_seconds = self.step_seconds(len(accept_lengths), budget)
+            step_seconds = self.step_seconds(len(accept_lengths), budget, window)
             if step_seconds > 0:
-                self.cost_ratios[budget].append(seconds / step_seconds)
+                ratio = seconds / step_seconds
+                load = self.load()
+                # the first step sets the load: its budget's correction stays as it is
+                self.cost_ratios[budget].append(ratio / load if load else self.cost_ratio(budget))
+                self.recent.append((budget, ratio))
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])
@@ -214,9 +284,9 @@ class BudgetPolicy:
         """What /server_info shows: the cost and acceptance curves, and the latest choice per running count."""
         return {
             "budgets": self.budgets,
-            "step_ms_by_budget_and_rows": {
-                b: {r: round(1e3 * s, 3) for r, s in curve.items()}
-                for b, curve in self.cost.as_dict().items()
+            "step_ms_by_budget_window_and_rows": {
+                b: {w: {r: round(1e3 * s, 3) for r, s in curve.items()} for w, curve in by_window.items()}
+                for b, by_window in self.cost.as_dict().items()
             },
             "predicted_accept_length_by_budget": {b: round(self.estimate(b), 3) for b in self.budgets},
             "tree_predicted_accept_length_by_budget": {
@@ -231,7 +301,11 @@ class BudgetPolicy:
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
             "measured_over_predicted_by_budget": {
-                b: round(statistics.median(r), 4) for b, r in self.cost_ratios.items() if r
+                b: round(statistics.median(r) * (self.load() or 1.0), 4)
+                for b, r in self.cost_ratios.items()
+                if r
             },
+            "load": round(self.load() or 1.0, 4),
+            "overhead_ms": round(1e3 * self.overhead(), 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }

@@ -3,7 +3,11 @@
 Every mode is the same step. The drafter runs once over [root, MASK x (B-1)] (dflash, ddtree); the tree is
 empty (ar), the drafter's chain (dflash) or its best `budget` prefixes (ddtree); the target verifies
 [root + nodes] in one forward under the ancestor mask; the walk finds the accepted path and the bonus token;
-the commit moves the path's cache entries into place and hands its target features to the drafter.
+the commit moves the path's cache entries into place and appends its target features to the row's pending
+features, which the drafter takes in (its cache's keys/values) before it next drafts. An AR step of a drafting
+runner (DDTree's budget 0) runs no drafter work: its one feature per row waits among the pending ones, so a
+run of AR steps costs what a pure AR runner's steps cost, and drafting resumes with the drafter's cache exactly
+as if it had drafted all along.
 
 Sequences live in rows of the static caches and buffers; rows 0..active-1 decode, and a finished row is
 refilled by the last one (so the running rows stay a prefix and every stage runs on views). Each stage is
@@ -49,6 +53,11 @@ from specdeploy.engine.tree import (
 from specdeploy.errors import SpecdeployError
 
 TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part of commit
+# Pending target features a row may hold, in drafter blocks: a run of AR steps longer than this (less the
+# last drafting step's accepted path) takes them in during an AR step. Bounds the `ctx` buffer at
+# rows x PENDING_BLOCKS x block x (feature layers x hidden) values: 40 KiB a position for a Qwen3-8B drafter
+# (5 layers x 4096, bf16), so 160 MiB at 64 rows and blocks of 16.
+PENDING_BLOCKS = 4
 
 
 @dataclass
@@ -94,7 +103,7 @@ class Row:
     prefix: int  # committed positions in the cache: the root's position
     prompt_len: int
     params: SamplingParams
-    context: int = 0  # committed positions whose target features the drafter has not seen yet
+    context: int = 0  # committed positions whose target features the drafter has not taken in (pending)
 
 
 class StepRunner:
@@ -116,6 +125,7 @@ class StepRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.rows = rows
         self.block = drafter.block_size if drafter is not None else 1
+        self.pending_limit = PENDING_BLOCKS * self.block
         self.depth_limit = self.block - 1
         self.budget = budget
         self.feature_layers = list(drafter.target_layer_ids) if drafter is not None else []
@@ -177,7 +187,9 @@ class StepRunner:
             vocab = self.target.config.vocab_size
             width = len(self.feature_layers) * self.target.config.hidden_size
             self.block_index = torch.arange(self.block, device=self.device)
-            self.ctx = torch.zeros(rows, self.block, width, dtype=self.dtype, device=self.device)
+            self.pending_index = torch.arange(self.pending_limit, device=self.device)
+            # each row's pending target features (its first ctx_count), oldest first
+            self.ctx = torch.zeros(rows, self.pending_limit, width, dtype=self.dtype, device=self.device)
             self.ctx_count = zeros.clone()
             self.draft_logits = torch.zeros(rows, depth, vocab, dtype=torch.float32, device=self.device)
             self.draft_probs: torch.Tensor | None = None
@@ -239,22 +251,43 @@ class StepRunner:
                 return sorted(sizes)
             used *= 2
 
+    def catch_up_size(self, pending: int) -> int:
+        """Feature rows a step writes to take in `pending` features (the most any running row holds): exactly
+        those, or with fixed shapes (`pad_rows`, what CUDA graphs use) the smallest of `catch_up_sizes`
+        that holds them, so that few graphs serve every count."""
+        if not self.pad_rows or pending == 0:
+            return pending
+        return next(size for size in self.catch_up_sizes() if size >= pending)
+
+    def catch_up_sizes(self) -> list[int]:
+        """The fixed-shape catch-up sizes: the block, doubled while below the pending limit, and the limit."""
+        sizes = [self.block]
+        while sizes[-1] * 2 < self.pending_limit:
+            sizes.append(sizes[-1] * 2)
+        return sorted({*sizes, self.pending_limit})
+
     @torch.inference_mode()
-    def dead_step(self, rows: int, budget: int | None = None, window: int | None = None) -> None:
+    def dead_step(
+        self, rows: int, budget: int | None = None, window: int | None = None, catch_up: int | None = None
+    ) -> None:
         """One greedy step of every stage on `rows` dead rows (no host synchronisation): it writes only scratch
         slots and commits nothing, so it captures graphs (at `window`, default the smallest) or times a step
-        of that shape without touching any sequence. Only while none runs or prefills."""
+        of that shape without touching any sequence. `catch_up`: pending feature rows it takes in (default: a
+        block for a drafting step, none for an AR step, as in a run of them). Only while none runs or
+        prefills."""
         if self.running or self._pending is not None:
             raise SpecdeployError("dead steps run only while no sequence runs or prefills")
         size = self.tree_size(budget)
         window = window or self.window(1)
+        if catch_up is None:
+            catch_up = self.catch_up_size(self.block) if self.drafter is not None and size > 0 else 0
         self._tree_buffers(size)
         self.live[:rows] = False
         self._live_shape = None
         untimed = lambda name, key, stage, eager=False, protect=(), neutral=None: self._run(  # noqa: E731
             key, stage, eager, protect, neutral
         )
-        self._stages(rows, size, True, window, window, self.block, untimed)
+        self._stages(rows, size, True, window, window, catch_up, untimed)
 
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, so that no
@@ -266,8 +299,17 @@ class StepRunner:
             for window in self.windows():
                 for budget in budgets:
                     self.dead_step(rows, budget, window)
+            # every catch-up size (a drafting step after AR steps), and the commit of an AR step that catches up
+            if self.drafter is not None and 0 in budgets:
+                for catch_up in self.catch_up_sizes():
+                    self.dead_step(rows, 0, self.window(1), catch_up)
         torch.cuda.synchronize(self.device)
         return len(self.graphs.graphs) - before
+
+    def draft_window(self) -> int:
+        """The attention window of the next step's drafter pass (its verify's too, but for trees deeper than a
+        block): what a dead step at that window costs is what the step costs."""
+        return self.window(max(row.prefix for row in self.running) + self.block)
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
@@ -397,19 +439,24 @@ class StepRunner:
         self._tree_buffers(size)
         prefixes = [row.prefix for row in self.running]
         greedy = all(row.params.greedy for row in self.running)
-        draft_window = self.window(max(prefixes) + self.block)
-        # Graphs need a fixed shape (the whole block); run eagerly, only the features still unseen.
-        context = self.block if self.graphs.enabled else max(row.context for row in self.running)
+        draft_window = self.draft_window()
+        catch_up = 0
+        if self.drafter is not None:
+            pending = max(row.context for row in self.running)
+            # A drafting step takes in every pending feature first; an AR step only when its own would not fit.
+            if size > 0 or pending + 1 > self.pending_limit:
+                catch_up = self.catch_up_size(pending)
         verify_window = self.window(max(prefixes) + size + 1)
-        self._stages(rows, size, greedy, draft_window, verify_window, context, self._timed)
+        self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed)
         out = self.out[:active].tolist()  # the step's one synchronisation
         drafted = self.curve_budgets and size > 0
         self.expected = self.expected_buffer[:active].tolist() if drafted else None
         results = []
+        taken_in = self._takes_in(size, catch_up)
         for state, line in zip(self.running, out, strict=True):
             count = line[0]
             state.prefix += count
-            state.context = count
+            state.context = count if taken_in else state.context + count
             results.append((line[1 : 1 + count], size + 1))
         if self.timer is not None:
             for name, start, end in self._events:  # complete: the step has synchronised
@@ -419,21 +466,27 @@ class StepRunner:
             self.timer.steps += 1
         return results
 
+    def _takes_in(self, size: int, catch_up: int) -> bool:
+        """Whether a step leaves no feature pending but its own: it drafted (after taking in every pending
+        one; with none pending there was nothing to write) or it caught up."""
+        return self.drafter is not None and (size > 0 or catch_up > 0)
+
     def _stages(
-        self, rows: int, size: int, greedy: bool, draft_window: int, verify_window: int, context: int, run
+        self, rows: int, size: int, greedy: bool, draft_window: int, verify_window: int, catch_up: int, run
     ) -> None:
         """Every stage of a step on `rows` rows, each through `run` (`_timed`, or untimed for dead steps), so
-        that real and dead steps use the same graph keys."""
-        if self.drafter is not None and size == 0:  # an AR step: the drafter only takes in the last features
-            run("draft", ("context", rows), lambda: self._write_context(rows, context))
-        elif self.drafter is not None:
-            run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window, context))
+        that real and dead steps use the same graph keys. `catch_up`: pending feature rows to take in first."""
+        if catch_up:
+            run("draft", ("context", rows, catch_up), lambda: self._write_context(rows, catch_up))
+        if self.drafter is not None and size > 0:
+            run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window))
         chain_sampling = not greedy and self.mode == "dflash"
         run("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy), eager=chain_sampling)
         run("verify", ("verify", rows, verify_window, size, greedy),
             lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
         run("commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy)
-        run("commit", ("commit", rows, size), lambda: self._commit(rows, size),
+        taken_in = self._takes_in(size, catch_up)
+        run("commit", ("commit", rows, size, taken_in), lambda: self._commit(rows, size, taken_in),
             protect=self._commit_state(), neutral=self._neutral)  # fmt: skip
 
     def _timed(self, name: str, key, stage, eager: bool = False, protect=(), neutral=None) -> None:
@@ -472,23 +525,21 @@ class StepRunner:
         """`slots` [rows, T] of the running rows; a padded (dead) row writes only the scratch slot."""
         return torch.where(self.live[:rows, None], slots, cache.scratch_slot)
 
-    def _write_context(self, rows: int, context: int) -> None:
-        """Write the target features of the last step's committed positions into the drafter's cache.
-        `context`: feature rows to write; rows past a row's own count land on positions at or past its prefix,
-        which the next block (or the next context write) overwrites before any draft sees them. A run of AR
-        steps writes one position each, so when drafting resumes the drafter's cache is the one it would hold
-        had it drafted all along."""
-        if context:
-            prefix = self.prefix[:rows]
-            ctx_positions = (prefix - self.ctx_count[:rows])[:, None] + self.block_index[:context]
-            ctx_slots = self._live_slots(rows, ctx_positions, self.draft_cache)
-            self.drafter.write_context(self.ctx[:rows, :context], ctx_positions, ctx_slots, self.draft_cache)
+    def _write_context(self, rows: int, count: int) -> None:
+        """Take in the pending target features (the positions just before each row's prefix) in one pass: their
+        keys/values go into the drafter's cache, as a prefill of them would write. `count`: feature rows
+        written, at least every row's pending count; rows past a row's own count, and dead rows, write only
+        the scratch slot. The count stays pending on the device: the step's commit resets it."""
+        pending = self.ctx_count[:rows]
+        index = self.pending_index[:count]
+        positions = (self.prefix[:rows] - pending)[:, None] + index
+        written = self.live[:rows, None] & (index < pending[:, None])
+        slots = torch.where(written, positions, self.draft_cache.scratch_slot)
+        self.drafter.write_context(self.ctx[:rows, :count], positions, slots, self.draft_cache)
 
-    def _draft(self, rows: int, window: int, context: int) -> None:
-        """`context`: feature rows to write first (`_write_context`)."""
+    def _draft(self, rows: int, window: int) -> None:
         drafter, block = self.drafter, self.block_index
         prefix = self.prefix[:rows]
-        self._write_context(rows, context)
         positions = prefix[:, None] + block
         slots = self._live_slots(rows, positions, self.draft_cache)
         ids = torch.where(block == 0, self.root[:rows, None], drafter.mask_token_id)
@@ -579,7 +630,9 @@ class StepRunner:
         self.acceptance.length[:rows].copy_(acceptance.length)
         self.acceptance.bonus[:rows].copy_(acceptance.bonus)
 
-    def _commit(self, rows: int, size: int) -> None:
+    def _commit(self, rows: int, size: int, taken_in: bool) -> None:
+        """`taken_in`: the step took in every pending feature (`_takes_in`): the path's replace them, else
+        they are appended (an AR step's one feature; the host keeps the count within `pending_limit`)."""
         path, bonus = self.acceptance.path[:rows], self.acceptance.bonus[:rows]
         length = torch.where(self.live[:rows], self.acceptance.length[:rows], 0)  # dead rows commit nothing
         prefix = self.prefix[:rows]
@@ -593,8 +646,13 @@ class StepRunner:
         self.target.commit_tree(self.cache, path, length)
         if self.drafter is not None:
             features = buffers.features[:rows]
-            self.ctx[:rows].copy_(features.gather(1, path[..., None].expand(-1, -1, features.shape[-1])))
-            self.ctx_count[:rows].copy_(length)
+            width = min(size, self.depth_limit) + 1  # path entries a step of this size can commit
+            kept = features.gather(1, path[:, :width, None].expand(-1, -1, features.shape[-1]))
+            start = torch.zeros_like(length) if taken_in else self.ctx_count[:rows]
+            # clamped: a dead row's stale count must not index out of the buffer (it commits nothing)
+            dest = (start[:, None] + self.path_index[:width]).clamp(max=self.pending_limit - 1)
+            self.ctx[:rows].scatter_(1, dest[..., None].expand_as(kept), kept)
+            self.ctx_count[:rows].copy_(start + length)
         tokens = buffers.tree.tokens[:rows].gather(1, path)
         out = torch.cat([length[:, None], tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
         out.scatter_(1, length[:, None], bonus[:, None])
