@@ -108,6 +108,12 @@ def test_ar_vs_ddtree_with_a_server_killed_mid_run(pair: tuple[Path, Path], tmp_
         info["target"]["speculative_algorithm"] == "DDTREE"
         and info["baseline"]["speculative_algorithm"] is None
     )
+    # read again after the resumed run's last cell, from the servers that measured it
+    after = json.loads((run_dir.path / "server_info_after.json").read_text())
+    assert (
+        after["target"]["speculative_algorithm"] == "DDTREE"
+        and after["baseline"]["speculative_algorithm"] is None
+    )
     assert len(summary.cells) == 4
     for concurrency in (1, 2):
         cell = summary.cells[f"target/custom/ddtree/b8/c{concurrency}/rep0"]

@@ -95,7 +95,7 @@ def test_seeded_ddtree_reproduces_the_ar_sample_on_cuda(pairs):
 
 @pytest.mark.parametrize("budget", [1, 16, 64, 256])
 def test_triton_tree_equals_the_torch_tree(budget):
-    from specdeploy.engine.tree import TreeBatch, best_first_tree
+    from specdeploy.engine.tree import TreeBatch, best_first_tree, expected_accept_lengths
 
     gen = torch.Generator(device="cuda").manual_seed(budget)
     logprobs = torch.log_softmax(3 * torch.randn(2, 15, 151936, device="cuda", generator=gen), dim=-1)
@@ -108,6 +108,10 @@ def test_triton_tree_equals_the_torch_tree(budget):
     for name in ("tokens", "parents", "depths", "valid", "ancestors"):
         assert torch.equal(getattr(got, name).cpu(), getattr(reference, name)), name
         assert torch.equal(getattr(kernel, name).cpu(), getattr(reference, name)), name
+    budgets = sorted({1, 2, max(1, budget // 4), budget})
+    with torch.device("cpu"):
+        want = expected_accept_lengths(logprobs.cpu(), budgets)  # the torch selection on the CPU
+    torch.testing.assert_close(expected_accept_lengths(logprobs, budgets).cpu(), want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ CHECKS = textwrap.dedent(
     sys.path.insert(0, "tests")
     from specdeploy.engine import ops, triton_kernels as tk
     from specdeploy.engine.models.rope import RotaryEmbedding
-    from specdeploy.engine.tree import TreeBatch, best_first_tree
+    from specdeploy.engine.tree import TreeBatch, best_first_tree, expected_accept_lengths
     from tree_oracle import certify_best_first, tree_from_batch
 
     torch.manual_seed(0)
@@ -69,6 +69,9 @@ CHECKS = textwrap.dedent(
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)
         certify_best_first(tree_from_batch(got), logprobs[0], budget)
+        budgets = sorted({1, 2, max(1, budget // 2), budget})
+        top = torch.topk(logprobs, min(budget, vocab), dim=-1).values
+        close(tk.expected_accept_lengths(top, budgets), expected_accept_lengths(logprobs, budgets))
     from specdeploy.engine.forward_batch import ForwardBatch
     from specdeploy.engine.models.layers import attend_folded
 

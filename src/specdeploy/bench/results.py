@@ -8,6 +8,9 @@ One directory per run::
                         (the campaign puts the launch plan here).
       server_info.json  {"target": <GET /server_info>, "baseline": <GET /server_info> | absent},
                         saved verbatim when the run starts (null where the route does not exist).
+      server_info_after.json  the same, read again after the run's last cell: what a server learnt while
+                        measured (the reference engine's `--budget auto`: its budgets chosen, step costs
+                        and acceptance); rewritten by a resumed run.
       requests.jsonl    One RequestRecord per line (schema "specdeploy.request/1"), appended one
                         whole cell at a time; warmup requests are never written.
       summary.json      RunSummary (schema "specdeploy.summary/1"): one CellSummary per finished
@@ -52,6 +55,7 @@ MANIFEST_SCHEMA = "specdeploy.manifest/1"
 
 MANIFEST_FILE = "manifest.json"
 SERVER_INFO_FILE = "server_info.json"
+SERVER_INFO_AFTER_FILE = "server_info_after.json"
 REQUESTS_FILE = "requests.jsonl"
 INCOMPLETE_FILE = "incomplete.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -278,6 +282,9 @@ class RunDirectory:
         _write_atomic(self.path / SERVER_INFO_FILE, json.dumps(redact(server_info), indent=2))
         self.requests_path.touch()
         _write_atomic(self.summary_path, _dump(RunSummary()))
+
+    def write_server_info_after(self, server_info: dict[str, Any]) -> None:
+        _write_atomic(self.path / SERVER_INFO_AFTER_FILE, json.dumps(redact(server_info), indent=2))
 
     def read_manifest(self) -> RunManifest:
         return RunManifest.model_validate(self._read_json(self.path / MANIFEST_FILE, MANIFEST_SCHEMA))

@@ -89,13 +89,20 @@ class StepCost:
     def __init__(self, by_budget: dict[int, dict[int, CostCurve]]) -> None:
         """`by_budget`: budget -> attention window -> seconds over running rows."""
         self.by_budget = by_budget
+        self._seconds: dict[
+            tuple[int, int, int | None], float
+        ] = {}  # the few shapes steps meet, read each step
 
     def __call__(self, rows: int, budget: int, window: int | None = None) -> float:
         """At `window` (default: the smallest measured), linear between the windows measured."""
-        by_window = self.by_budget[budget]
-        if window is None or len(by_window) == 1:
-            return by_window[min(by_window)](rows)
-        return CostCurve({w: curve(rows) for w, curve in by_window.items()})(window)
+        key = (rows, budget, window)
+        if key not in self._seconds:
+            by_window = self.by_budget[budget]
+            if window is None or len(by_window) == 1:
+                self._seconds[key] = by_window[min(by_window)](rows)
+            else:
+                self._seconds[key] = CostCurve({w: curve(rows) for w, curve in by_window.items()})(window)
+        return self._seconds[key]
 
     def as_dict(self) -> dict[int, dict[int, dict[int, float]]]:
         return {
@@ -172,6 +179,7 @@ class BudgetPolicy:
         self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}
         self.recent: deque[tuple[int, float]] = deque(maxlen=LOAD_WINDOW)  # (budget, measured / predicted)
         self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
+        self._corrections_cache: dict[int, float] | None = None
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -201,16 +209,22 @@ class BudgetPolicy:
     def cost_ratio(self, budget: int) -> float:
         """The correction of `budget`'s start-up cost, relative to the load (the other budgets' while it is
         little measured)."""
-        if len(self.cost_ratios[budget]) >= MIN_SAMPLES:
-            return statistics.median(self.cost_ratios[budget])
-        measured = [statistics.median(r) for r in self.cost_ratios.values() if len(r) >= MIN_SAMPLES]
-        return statistics.median(measured) if measured else 1.0
+        return self._corrections()[budget]
+
+    def _corrections(self) -> dict[int, float]:
+        """`cost_ratio` of every budget, computed once per observed step (choose reads them every step)."""
+        if self._corrections_cache is None:
+            own = {b: statistics.median(r) for b, r in self.cost_ratios.items() if len(r) >= MIN_SAMPLES}
+            fallback = statistics.median(own.values()) if own else 1.0
+            self._corrections_cache = {b: own.get(b, fallback) for b in self.budgets}
+        return self._corrections_cache
 
     def load(self) -> float | None:
         """Measured over predicted time of the last steps, each over its budget's correction (None before any)."""
         if not self.recent:
             return None
-        return statistics.median(ratio / self.cost_ratio(budget) for budget, ratio in self.recent)
+        corrections = self._corrections()
+        return statistics.median(ratio / corrections[budget] for budget, ratio in self.recent)
 
     def overhead(self) -> float:
         """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
@@ -221,20 +235,24 @@ class BudgetPolicy:
         self.overheads.append(max(0.0, seconds))
 
     def throughput(
-        self, running: int, budget: int, window: int | None = None, load: float | None = None
+        self,
+        running: int,
+        budget: int,
+        window: int | None = None,
+        load: float | None = None,
+        overhead: float | None = None,
     ) -> float:
-        """Tokens per second at `budget`, its step at the current load (`load`, when already known) plus the
-        overhead of an iteration."""
+        """Tokens per second at `budget`, its step at the current load plus the overhead of an iteration
+        (`load`, `overhead`: when already known)."""
         load = load if load is not None else self.load() or 1.0
-        seconds = (
-            self.step_seconds(running, budget, window) * self.cost_ratio(budget) * load + self.overhead()
-        )
+        overhead = overhead if overhead is not None else self.overhead()
+        seconds = self.step_seconds(running, budget, window) * self.cost_ratio(budget) * load + overhead
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def choose(self, running: int, window: int | None = None) -> int:
         """The budget for a step of `running` requests whose attention window is `window` (slots)."""
-        load = self.load() or 1.0
-        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load))
+        load, overhead = self.load() or 1.0, self.overhead()
+        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load, overhead))
         self.choices += 1
         explore = len(ranked) > 1 and self.choices % self.explore_every == 0
         unmeasured = [b for b in ranked[1:] if len(self.cost_ratios[b]) < MIN_SAMPLES]
@@ -261,6 +279,7 @@ class BudgetPolicy:
                 # the first step sets the load: its budget's correction stays as it is
                 self.cost_ratios[budget].append(ratio / load if load else self.cost_ratio(budget))
                 self.recent.append((budget, ratio))
+                self._corrections_cache = None
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])

@@ -195,7 +195,8 @@ def expected_accept_lengths(logprobs: torch.Tensor, budgets: list[int]) -> torch
     tree of each budget, were the target to follow the draft marginals: 1 + the sum of its nodes' path
     probabilities. One pass serves every budget, as each tree is a prefix of the largest one.
 
-    logprobs [B, L, V] as for `best_first_tree`. Fixed-shape device work (no host synchronisation). Exact:
+    logprobs [B, L, V] as for `best_first_tree`. Fixed-shape device work (no host synchronisation; on CUDA
+    one Triton kernel after the top-k, as the tree's own selection, instead of three operations per depth). Exact:
     the marginals of a depth are shared by every parent there, so a prefix among the best K of its depth
     extends one among the best K of the depth above (any of those K beats its parent, and so each has a child
     that beats it); the best K of each depth, merged, hold the best K overall.
@@ -204,6 +205,9 @@ def expected_accept_lengths(logprobs: torch.Tensor, budgets: list[int]) -> torch
     largest = max(budgets)
     width = min(largest, vocab)
     top = torch.topk(logprobs.float(), width, dim=-1).values  # [B, L, W] best first
+    kernels = ops.triton_kernels_for(logprobs)
+    if kernels is not None:  # the same selection in one launch, not three per depth
+        return kernels.expected_accept_lengths(top, budgets)
     level = top[:, 0]
     levels = [level]
     for depth in range(1, depth_limit):

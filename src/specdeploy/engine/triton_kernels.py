@@ -365,6 +365,91 @@ def _best_first_tree_kernel(
 
 
 @triton.jit
+def _expected_lengths_kernel(
+    top_logp_ptr,  # [B, L, W] float32, sorted descending per depth
+    pair_parent_ptr,  # [PAIRS] int32: staircase pairs (i, j) with (i + 1) * (j + 1) <= K
+    pair_rank_ptr,  # [PAIRS] int32
+    count_ptr,  # [L] int32: prefixes kept at each depth, min(K, WIDTH ** depth)
+    budgets_ptr,  # [NB] int32, each at most K
+    scores_ptr,  # [B, L, K] float32 scratch: each depth's best K prefix scores, best first
+    sums_ptr,  # [B, CANDIDATES] float32 scratch: running sums of the best path probabilities
+    out_ptr,  # [B, NB] float32 out: 1 + the sum of the best `budget` path probabilities
+    num_pairs,
+    num_budgets,
+    DEPTHS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    K: tl.constexpr,  # the largest budget
+    KP: tl.constexpr,
+    PAIRS: tl.constexpr,
+    CANDIDATES: tl.constexpr,  # power of two >= DEPTHS * K
+):
+    row = tl.program_id(0)
+    logp = top_logp_ptr + row * DEPTHS * WIDTH
+    scores = scores_ptr + row * DEPTHS * K
+    slot = tl.arange(0, KP)
+    tl.store(scores + slot, tl.load(logp + slot, mask=slot < WIDTH, other=float("-inf")), mask=slot < K)
+    pair = tl.arange(0, PAIRS)
+    pi = tl.load(pair_parent_ptr + pair, mask=pair < num_pairs, other=0)
+    pj = tl.load(pair_rank_ptr + pair, mask=pair < num_pairs, other=0)
+    for depth in range(1, DEPTHS):  # the tree kernel's staircase, keeping scores only (ties need no order)
+        tl.debug_barrier()
+        available = tl.load(count_ptr + depth - 1)
+        usable = (pair < num_pairs) & (pi < available) & (pj < WIDTH)
+        parent_score = tl.load(scores + (depth - 1) * K + pi, mask=usable, other=0.0)
+        token_score = tl.load(logp + depth * WIDTH + pj, mask=usable, other=0.0)
+        best = tl.sort(tl.where(usable, parent_score + token_score, float("-inf")), descending=True)
+        tl.store(scores + depth * K + pair, best, mask=pair < K)
+    tl.debug_barrier()
+    c = tl.arange(0, CANDIDATES)
+    candidate = tl.load(scores + c, mask=c < DEPTHS * K, other=float("-inf"))
+    sums = tl.cumsum(tl.exp(tl.sort(candidate, descending=True)), axis=0)
+    tl.store(sums_ptr + row * CANDIDATES + c, sums)
+    tl.debug_barrier()
+    b = tl.arange(0, KP)
+    budget = tl.load(budgets_ptr + b, mask=b < num_budgets, other=1)
+    total = tl.load(sums_ptr + row * CANDIDATES + budget - 1, mask=b < num_budgets, other=0.0)
+    tl.store(out_ptr + row * num_budgets + b, 1 + total, mask=b < num_budgets)
+
+
+def expected_accept_lengths(top_logp: torch.Tensor, budgets: list[int]) -> torch.Tensor:
+    """[B, len(budgets)]: 1 + the summed path probabilities of each budget's best-first tree, in one launch.
+
+    top_logp [B, L, W]: each depth's best min(max(budgets), vocab) log-probabilities, descending."""
+    batch, depths, width = top_logp.shape
+    device = top_logp.device
+    largest = max(budgets)
+    pair_parent, pair_rank, counts = tree_constants(largest, width, depths, device)
+    key = (tuple(budgets), device)
+    if key not in _budget_tensors:  # made on the first call, a CUDA graph's warm-up: not inside a capture
+        _budget_tensors[key] = torch.tensor(budgets, dtype=torch.int32, device=device)
+    budgets_on_device = _budget_tensors[key]
+    candidates = triton.next_power_of_2(depths * largest)
+    scores = torch.empty(batch, depths, largest, device=device)
+    sums = torch.empty(batch, candidates, device=device)
+    out = torch.empty(batch, len(budgets), device=device)
+    _expected_lengths_kernel[(batch,)](
+        top_logp.contiguous(),
+        pair_parent,
+        pair_rank,
+        counts,
+        budgets_on_device,
+        scores,
+        sums,
+        out,
+        pair_parent.numel(),
+        len(budgets),
+        DEPTHS=depths,
+        WIDTH=width,
+        K=largest,
+        KP=triton.next_power_of_2(max(largest, len(budgets))),
+        PAIRS=triton.next_power_of_2(max(pair_parent.numel(), largest)),
+        CANDIDATES=candidates,
+        num_warps=8,
+    )
+    return out
+
+
+@triton.jit
 def _ancestors_kernel(
     parents_ptr, ancestors_ptr, NODES: tl.constexpr, SIZE: tl.constexpr, DEPTHS: tl.constexpr
 ):
@@ -380,6 +465,7 @@ def _ancestors_kernel(
 
 
 _constants: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, ...]] = {}
+_budget_tensors: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
 
 def tree_constants(budget: int, width: int, depths: int, device: torch.device) -> tuple[torch.Tensor, ...]:
