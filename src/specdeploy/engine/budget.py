@@ -24,9 +24,12 @@ iteration's overhead. A step's measured over
 predicted time is the product of the machine's load at the time (shared by every budget: on a shared CPU it
 swings by 1.5x within a minute) and what the start-up cost gets wrong about that budget; the policy keeps the
 load as the median over the last steps, whatever their budgets, of each one's ratio over its budget's
-correction, and a budget's correction as the median of its recent steps' ratios over the load at their time.
-The load is common to every budget, so budgets whose steps ran at different moments are still compared as if
-side by side (a budget not yet measured takes the median correction of those that were). An iteration also
+correction, and a budget's correction as the median of its recent steps' ratios over the load at their time,
+for each row bucket of the start-up measurement apart: what a real step costs beyond a dead one grows with
+the running requests (in a server, delivering their tokens competes with the step for the host), so a
+correction learnt at 64 requests says nothing of one request. The load is common to every budget, so budgets
+whose steps ran at different moments are still compared as if side by side (a budget not yet measured in a
+bucket takes the median correction of those that were there). An iteration also
 spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
 overhead, measured between steps, is the same at every budget and weighs most on the shortest steps, so it is
 added to each budget's step time. Every `explore_every`-th choice takes the best budget whose cost is not yet
@@ -39,7 +42,7 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections import deque
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,6 +106,11 @@ class StepCost:
             else:
                 self._seconds[key] = CostCurve({w: curve(rows) for w, curve in by_window.items()})(window)
         return self._seconds[key]
+
+    def rows_bucket(self, rows: int) -> int:
+        """The smallest running count measured at start-up that holds `rows` (the largest beyond them)."""
+        sizes = next(iter(next(iter(self.by_budget.values())).values())).sizes
+        return sizes[min(bisect.bisect_left(sizes, rows), len(sizes) - 1)]
 
     def as_dict(self) -> dict[int, dict[int, dict[int, float]]]:
         return {
@@ -175,11 +183,12 @@ class BudgetPolicy:
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
         self.choices = 0
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
-        # each budget's recent steps' measured / predicted time over the load at their time
-        self.cost_ratios = {b: deque(maxlen=COST_WINDOW) for b in self.budgets}
-        self.recent: deque[tuple[int, float]] = deque(maxlen=LOAD_WINDOW)  # (budget, measured / predicted)
+        # per (budget, row bucket): its recent steps' measured / predicted time over the load at their time
+        self.cost_ratios: dict[tuple[int, int], deque[float]] = defaultdict(lambda: deque(maxlen=COST_WINDOW))
+        # (budget, row bucket, measured / predicted) of the last steps
+        self.recent: deque[tuple[int, int, float]] = deque(maxlen=LOAD_WINDOW)
         self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
-        self._corrections_cache: dict[int, float] | None = None
+        self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -206,25 +215,26 @@ class BudgetPolicy:
         """Seconds of one step by the start-up cost."""
         return self.cost(running, budget, window)
 
-    def cost_ratio(self, budget: int) -> float:
-        """The correction of `budget`'s start-up cost, relative to the load (the other budgets' while it is
-        little measured)."""
-        return self._corrections()[budget]
+    def cost_ratio(self, budget: int, bucket: int) -> float:
+        """The correction of `budget`'s start-up cost at running counts of row bucket `bucket`, relative to the
+        load (the other budgets' there while it is little measured)."""
+        return self._corrections(bucket)[budget]
 
-    def _corrections(self) -> dict[int, float]:
-        """`cost_ratio` of every budget, computed once per observed step (choose reads them every step)."""
-        if self._corrections_cache is None:
-            own = {b: statistics.median(r) for b, r in self.cost_ratios.items() if len(r) >= MIN_SAMPLES}
+    def _corrections(self, bucket: int) -> dict[int, float]:
+        """`cost_ratio` of every budget in `bucket`, computed once per observed step (choose reads them every
+        step)."""
+        if bucket not in self._corrections_cache:
+            measured = {b: self.cost_ratios.get((b, bucket), ()) for b in self.budgets}
+            own = {b: statistics.median(r) for b, r in measured.items() if len(r) >= MIN_SAMPLES}
             fallback = statistics.median(own.values()) if own else 1.0
-            self._corrections_cache = {b: own.get(b, fallback) for b in self.budgets}
-        return self._corrections_cache
+            self._corrections_cache[bucket] = {b: own.get(b, fallback) for b in self.budgets}
+        return self._corrections_cache[bucket]
 
     def load(self) -> float | None:
         """Measured over predicted time of the last steps, each over its budget's correction (None before any)."""
         if not self.recent:
             return None
-        corrections = self._corrections()
-        return statistics.median(ratio / corrections[budget] for budget, ratio in self.recent)
+        return statistics.median(ratio / self.cost_ratio(b, bucket) for b, bucket, ratio in self.recent)
 
     def overhead(self) -> float:
         """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
@@ -246,7 +256,8 @@ class BudgetPolicy:
         (`load`, `overhead`: when already known)."""
         load = load if load is not None else self.load() or 1.0
         overhead = overhead if overhead is not None else self.overhead()
-        seconds = self.step_seconds(running, budget, window) * self.cost_ratio(budget) * load + overhead
+        correction = self.cost_ratio(budget, self.cost.rows_bucket(running))
+        seconds = self.step_seconds(running, budget, window) * correction * load + overhead
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def choose(self, running: int, window: int | None = None) -> int:
@@ -255,7 +266,8 @@ class BudgetPolicy:
         ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load, overhead))
         self.choices += 1
         explore = len(ranked) > 1 and self.choices % self.explore_every == 0
-        unmeasured = [b for b in ranked[1:] if len(self.cost_ratios[b]) < MIN_SAMPLES]
+        bucket = self.cost.rows_bucket(running)
+        unmeasured = [b for b in ranked[1:] if len(self.cost_ratios.get((b, bucket), ())) < MIN_SAMPLES]
         choice = (unmeasured or ranked[1:])[0] if explore else ranked[0]
         self.last_choice[running] = choice
         return choice
@@ -276,10 +288,12 @@ class BudgetPolicy:
             if step_seconds > 0:
                 ratio = seconds / step_seconds
                 load = self.load()
+                bucket = self.cost.rows_bucket(len(accept_lengths))
                 # the first step sets the load: its budget's correction stays as it is
-                self.cost_ratios[budget].append(ratio / load if load else self.cost_ratio(budget))
-                self.recent.append((budget, ratio))
-                self._corrections_cache = None
+                correction = ratio / load if load else self.cost_ratio(budget, bucket)
+                self.cost_ratios[budget, bucket].append(correction)
+                self.recent.append((budget, bucket, ratio))
+                self._corrections_cache.clear()
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])
@@ -319,10 +333,14 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            "measured_over_predicted_by_budget": {
-                b: round(statistics.median(r) * (self.load() or 1.0), 4)
-                for b, r in self.cost_ratios.items()
-                if r
+            "measured_over_predicted_by_budget_and_rows": {
+                b: {
+                    bucket: round(statistics.median(r) * (self.load() or 1.0), 4)
+                    for (budget, bucket), r in sorted(self.cost_ratios.items())
+                    if budget == b and r
+                }
+                for b in self.budgets
+                if any(budget == b and r for (budget, _), r in self.cost_ratios.items())
             },
             "load": round(self.load() or 1.0, 4),
             "overhead_ms": round(1e3 * self.overhead(), 3),
