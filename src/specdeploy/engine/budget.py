@@ -92,6 +92,7 @@ class StepCost:
     def __init__(self, by_budget: dict[int, dict[int, CostCurve]]) -> None:
         """`by_budget`: budget -> attention window -> seconds over running rows."""
         self.by_budget = by_budget
+        self.rows_measured = next(iter(next(iter(by_budget.values())).values())).sizes
         self._seconds: dict[
             tuple[int, int, int | None], float
         ] = {}  # the few shapes steps meet, read each step
@@ -109,7 +110,7 @@ class StepCost:
 
     def rows_bucket(self, rows: int) -> int:
         """The smallest running count measured at start-up that holds `rows` (the largest beyond them)."""
-        sizes = next(iter(next(iter(self.by_budget.values())).values())).sizes
+        sizes = self.rows_measured
         return sizes[min(bisect.bisect_left(sizes, rows), len(sizes) - 1)]
 
     def as_dict(self) -> dict[int, dict[int, dict[int, float]]]:
@@ -189,6 +190,7 @@ class BudgetPolicy:
         self.recent: deque[tuple[int, int, float]] = deque(maxlen=LOAD_WINDOW)
         self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
+        self._load_cache: float | None = None  # load(), until the next observed step
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -234,7 +236,11 @@ class BudgetPolicy:
         """Measured over predicted time of the last steps, each over its budget's correction (None before any)."""
         if not self.recent:
             return None
-        return statistics.median(ratio / self.cost_ratio(b, bucket) for b, bucket, ratio in self.recent)
+        if self._load_cache is None:
+            self._load_cache = statistics.median(
+                ratio / self.cost_ratio(b, bucket) for b, bucket, ratio in self.recent
+            )
+        return self._load_cache
 
     def overhead(self) -> float:
         """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
@@ -294,6 +300,7 @@ class BudgetPolicy:
                 self.cost_ratios[budget, bucket].append(correction)
                 self.recent.append((budget, bucket, ratio))
                 self._corrections_cache.clear()
+                self._load_cache = None
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])
