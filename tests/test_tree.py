@@ -13,6 +13,7 @@ from specdeploy.engine.tree import (
     best_first_tree,
     chain_tree,
     expected_accept_lengths,
+    top_k,
     walk,
 )
 
@@ -149,3 +150,18 @@ def test_padding_nodes_are_never_accepted():
     got = walk(tree, target, depth_limit=1)
     assert got.length.item() == 2 and tree.tokens[0, got.path[0, 1]].item() == 0
     assert bool(tree.valid[0, got.path[0, 1]])
+
+
+def test_a_wider_top_k_given_to_the_tree_and_the_prediction_changes_neither():
+    """The engine selects each depth's best tokens once, as wide as its largest budget, for the tree of a
+    smaller budget and the prediction of every budget: the same as each selecting its own (no ties here)."""
+    gen = torch.Generator().manual_seed(5)
+    logprobs = torch.log_softmax(torch.randn(2, 6, 40, generator=gen) * 2, dim=-1)
+    root, wide = torch.tensor([1, 2]), top_k(logprobs, 32)
+    got, want = best_first_tree(root, logprobs, 8, wide), best_first_tree(root, logprobs, 8)
+    for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    budgets = [1, 4, 16]
+    assert torch.equal(
+        expected_accept_lengths(logprobs, budgets, wide), expected_accept_lengths(logprobs, budgets)
+    )

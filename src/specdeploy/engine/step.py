@@ -48,6 +48,7 @@ from specdeploy.engine.tree import (
     chain_tree,
     expected_accept_lengths,
     root_paths,
+    top_k,
     walk,
 )
 from specdeploy.errors import SpecdeployError
@@ -559,9 +560,12 @@ class StepRunner:
             tree = chain_tree(root, root[:, None][:, :0])
         elif self.mode == "ddtree":
             logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
-            tree = best_first_tree(root, logprobs, size)
+            width = min(max([size, *self.curve_budgets]), logprobs.shape[-1])
+            top = top_k(logprobs, width)  # one selection for the tree and the prediction
+            tree = best_first_tree(root, logprobs, size, top)
             if self.curve_budgets:
-                self.expected_buffer[:rows].copy_(expected_accept_lengths(logprobs, self.curve_budgets))
+                predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
+                self.expected_buffer[:rows].copy_(predicted)
         elif greedy:
             tree = chain_tree(root, self.draft_logits[:rows].argmax(dim=-1))
         else:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)

@@ -84,18 +84,24 @@ def chain_tree(root: torch.Tensor, tokens: torch.Tensor) -> TreeBatch:
     )
 
 
-def best_first_tree(root: torch.Tensor, logprobs: torch.Tensor, budget: int) -> TreeBatch:
+def best_first_tree(
+    root: torch.Tensor,
+    logprobs: torch.Tensor,
+    budget: int,
+    top: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> TreeBatch:
     """The `budget` prefixes with the highest product of per-depth draft marginals (DDTree).
 
     logprobs [B, L, V] holds log q_d for depths 1..L from one drafter pass. Only the best min(budget, V)
     tokens of each depth can be used. On CUDA one Triton kernel selects the tree (`triton_kernels`); elsewhere
     the reference construction runs on the host, where a heap costs less than many small tensor operations.
     Nodes come in depth order (parents first); trees with fewer prefixes than `budget` are padded with
-    invalid nodes.
+    invalid nodes. `top`: `top_k(logprobs, k)` for some k >= min(budget, V), when already computed.
     """
     batch, depth_limit, vocab = logprobs.shape
     width = min(budget, vocab)
-    top_logp, top_tokens = torch.topk(logprobs.float(), width, dim=-1)
+    top_logp, top_tokens = top if top is not None else top_k(logprobs, width)
+    top_logp, top_tokens = top_logp[..., :width], top_tokens[..., :width]
     kernels = ops.triton_kernels_for(logprobs)
     if kernels is not None:
         return TreeBatch(*kernels.best_first_tree(root, top_logp, top_tokens, budget))
@@ -190,7 +196,15 @@ def walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acce
     )
 
 
-def expected_accept_lengths(logprobs: torch.Tensor, budgets: list[int]) -> torch.Tensor:
+def top_k(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each depth's `k` best float32 log-probabilities, descending, and their tokens."""
+    top = torch.topk(logprobs.float(), k, dim=-1)
+    return top.values, top.indices
+
+
+def expected_accept_lengths(
+    logprobs: torch.Tensor, budgets: list[int], top: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
     """[B, len(budgets)]: the tokens a step is expected to commit (the root included) with the best-first
     tree of each budget, were the target to follow the draft marginals: 1 + the sum of its nodes' path
     probabilities. One pass serves every budget, as each tree is a prefix of the largest one.
@@ -199,12 +213,12 @@ def expected_accept_lengths(logprobs: torch.Tensor, budgets: list[int]) -> torch
     one Triton kernel after the top-k, as the tree's own selection, instead of three operations per depth). Exact:
     the marginals of a depth are shared by every parent there, so a prefix among the best K of its depth
     extends one among the best K of the depth above (any of those K beats its parent, and so each has a child
-    that beats it); the best K of each depth, merged, hold the best K overall.
+    that beats it); the best K of each depth, merged, hold the best K overall. `top` as for `best_first_tree`.
     """
     batch, depth_limit, vocab = logprobs.shape
     largest = max(budgets)
     width = min(largest, vocab)
-    top = torch.topk(logprobs.float(), width, dim=-1).values  # [B, L, W] best first
+    top = (top if top is not None else top_k(logprobs, width))[0][..., :width]  # [B, L, W] best first
     kernels = ops.triton_kernels_for(logprobs)
     if kernels is not None:  # the same selection in one launch, not three per depth
         return kernels.expected_accept_lengths(top, budgets)
