@@ -123,11 +123,7 @@ class StepCost:
 def cost_windows(runner: StepRunner) -> list[int]:
     """The attention windows the start-up cost is measured at: the smallest, WINDOW_SPACING times larger
     ones, and the whole cache's."""
-    windows, used = [], 1
-    while used < runner.cache.capacity:
-        windows.append(runner.window(used))
-        used = windows[-1] * WINDOW_SPACING
-    return sorted({*windows, runner.window(runner.cache.capacity)})
+    return runner.windows(WINDOW_SPACING)
 
 
 @torch.inference_mode()

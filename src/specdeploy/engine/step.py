@@ -243,14 +243,14 @@ class StepRunner:
         """Every row count a step may run on."""
         return sorted({self.step_rows(active) for active in range(1, self.rows + 1)})
 
-    def windows(self) -> list[int]:
-        """Every attention window a step may use, up to the whole cache."""
-        sizes, used = set(), 1
-        while True:
-            sizes.add(self.window(used))
-            if used >= self.cache.capacity:
-                return sorted(sizes)
-            used *= 2
+    def windows(self, spacing: int = 2) -> list[int]:
+        """The attention windows steps use, each at least `spacing` times the one before, and the whole cache's
+        (spacing 2: every window a step may use on a GPU)."""
+        sizes, used = [], 1
+        while used < self.cache.capacity:
+            sizes.append(self.window(used))
+            used = sizes[-1] * spacing
+        return sorted({*sizes, self.window(self.cache.capacity)})
 
     def catch_up_size(self, pending: int) -> int:
         """Feature rows a step writes to take in `pending` features (the most any running row holds): exactly
