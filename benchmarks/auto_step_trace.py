@@ -135,6 +135,9 @@ def main() -> None:
                         "two up to the largest")  # fmt: skip
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-context", type=int, default=1024, help="positions per row of every engine's "
+                        "caches: one size for all, as a server's --context-length (a cache sized to each engine's "
+                        "own tree would give smaller trees smaller attention windows)")  # fmt: skip
     parser.add_argument("--out", help="JSON file, rewritten after every engine")
     parser.add_argument("--steps-out", action="store_true", help="keep every auto step in the JSON, with the "
                         "policy's tok/s estimate of every budget at its choice")  # fmt: skip
@@ -146,7 +149,10 @@ def main() -> None:
     drafter = load_drafter(draft_path, device=device, dtype=dtype)
     tokenize = load_tokenizer(target_path)
     prompts = [tokenize(p)["input_ids"] for p in DEMO_PROMPTS]
-    context = max(len(p) for p in prompts) + args.max_new_tokens + 1
+    longest = max(len(p) for p in prompts) + args.max_new_tokens + 1
+    if args.max_context < longest:
+        parser.error(f"--max-context {args.max_context} is below the longest request's {longest} positions")
+    context = args.max_context
     report: dict = {"pair": args.pair, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "args": vars(args), "cells": []}  # fmt: skip
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
