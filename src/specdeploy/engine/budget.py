@@ -93,9 +93,8 @@ class StepCost:
         """`by_budget`: budget -> attention window -> seconds over running rows."""
         self.by_budget = by_budget
         self.rows_measured = next(iter(next(iter(by_budget.values())).values())).sizes
-        self._seconds: dict[
-            tuple[int, int, int | None], float
-        ] = {}  # the few shapes steps meet, read each step
+        # (rows, budget, window) -> seconds: steps meet few shapes, and read one every step
+        self._seconds: dict[tuple[int, int, int | None], float] = {}
 
     def __call__(self, rows: int, budget: int, window: int | None = None) -> float:
         """At `window` (default: the smallest measured), linear between the windows measured."""
@@ -316,6 +315,15 @@ class BudgetPolicy:
             self.realised_drafts = running_mean(self.realised_drafts, realised - 1, count)
             self.predicted_drafts = running_mean(self.predicted_drafts, predicted - 1, count)
 
+    def _measured_over_predicted(self) -> dict[int, dict[int, float]]:
+        """Budget -> row bucket -> the median measured over start-up time of its recent steps, the load included."""
+        load = self.load() or 1.0
+        table: dict[int, dict[int, float]] = {}
+        for (budget, bucket), ratios in sorted(self.cost_ratios.items()):
+            if ratios:
+                table.setdefault(budget, {})[bucket] = round(statistics.median(ratios) * load, 4)
+        return table
+
     def describe(self) -> dict:
         """What /server_info shows: the cost and acceptance curves, and the latest choice per running count."""
         return {
@@ -336,15 +344,7 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            "measured_over_predicted_by_budget_and_rows": {
-                b: {
-                    bucket: round(statistics.median(r) * (self.load() or 1.0), 4)
-                    for (budget, bucket), r in sorted(self.cost_ratios.items())
-                    if budget == b and r
-                }
-                for b in self.budgets
-                if any(budget == b and r for (budget, _), r in self.cost_ratios.items())
-            },
+            "measured_over_predicted_by_budget_and_rows": self._measured_over_predicted(),
             "load": round(self.load() or 1.0, 4),
             "overhead_ms": round(1e3 * self.overhead(), 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
