@@ -115,6 +115,13 @@ def test_ar_vs_ddtree_with_a_server_killed_mid_run(pair: tuple[Path, Path], tmp_
         and after["baseline"]["speculative_algorithm"] is None
     )
     assert len(summary.cells) == 4
+    # each finished cell's server state once, the failed attempt's not; each counts its own cell's work
+    states = [json.loads(line) for line in (run_dir.path / "server_states.jsonl").read_text().splitlines()]
+    assert sorted(state["cell"] for state in states) == sorted(summary.cells)
+    for state in states:
+        loop = state["internal_states"][0]["engine_loop"]
+        requests = summary.cells[state["cell"]].metrics.n_requests
+        assert loop["prefill_tokens"] > 0 and requests <= loop["iterations"] <= requests * 13
     for concurrency in (1, 2):
         cell = summary.cells[f"target/custom/ddtree/b8/c{concurrency}/rep0"]
         assert cell.metrics.n_errors == 0 and cell.metrics.tau.mean >= 1.0

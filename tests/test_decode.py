@@ -98,8 +98,8 @@ class ChainOracleRunner(StepRunner):
         super().__init__(*args, **kwargs)
         self.truth, self.prompt_len_host, self.steps = truth, prompt_len, 0
 
-    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
-        super()._build_tree(active, size, greedy)
+    def _build_tree(self, active: int, size: int, greedy: bool, predict: bool = False) -> None:
+        super()._build_tree(active, size, greedy, predict)
         done = self.running[0].prefix - self.prompt_len_host + 1  # tokens committed so far, the root included
         keep = self.KEEP[self.steps % len(self.KEEP)]
         self.steps += 1
@@ -120,8 +120,8 @@ class PathOracleRunner(StepRunner):
         super().__init__(*args, **kwargs)
         self.truth, self.prompt_len_host = truth, prompt_len
 
-    def _build_tree(self, active: int, size: int, greedy: bool) -> None:
-        super()._build_tree(active, size, greedy)
+    def _build_tree(self, active: int, size: int, greedy: bool, predict: bool = False) -> None:
+        super()._build_tree(active, size, greedy, predict)
         done = self.running[0].prefix - self.prompt_len_host + 1  # tokens committed so far, the root included
         tokens, parents, depths = [], [], []
         parent = 0

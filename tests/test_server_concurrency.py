@@ -152,9 +152,11 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
                 )
                 streamed = await client.post("/generate", json={"text": PROMPTS[0], **body, "stream": True})
                 info = (await client.get("/server_info")).json()
-            return [r.json() for r in replies] + [sse_events(streamed)[-1]], info
+                await client.post("/flush_cache")
+                flushed = (await client.get("/server_info")).json()
+            return [r.json() for r in replies] + [sse_events(streamed)[-1]], info, flushed
 
-        replies, info = asyncio.run(main())  # the last reply: a stream's last event
+        replies, info, flushed = asyncio.run(main())  # the last reply: a stream's last event
     for reply in replies:
         meta = reply["meta_info"]
         assert len(meta["ddtree_budgets"]) == meta["spec_verify_ct"]
@@ -180,6 +182,14 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
     assert sum(described["steps_by_budget"].values()) >= max(
         r["meta_info"]["spec_verify_ct"] for r in replies
     )
+    # where the iterations went: every prompt token was prefilled, every verify step was a step
+    loop = info["internal_states"][0]["engine_loop"]
+    assert loop["prefill_tokens"] == sum(r["meta_info"]["prompt_tokens"] for r in replies)
+    assert loop["steps"] == sum(described["steps_by_budget"].values()) <= loop["iterations"]
+    parts = loop["ms_per_iteration"]
+    assert set(parts) == {"prefill", "step", "policy", "rest_of_iteration", "server_between_iterations"}
+    assert parts["step"] > 0 and parts["prefill"] > 0 and parts["policy"] > 0
+    assert flushed["internal_states"][0]["engine_loop"]["iterations"] == 0  # /flush_cache restarts them
 
 
 def test_serve_refuses_bad_batching_settings(random_pair: tuple[Path, Path]) -> None:

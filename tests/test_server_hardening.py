@@ -26,9 +26,10 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.server import connection
 from specdeploy.server.guard import HttpGuard
 
+# 480 tokens: on a fast CPU the witness must still stream while the hostile requests wait out their 1 s deadlines
 WITNESS = {
     "text": "The witness streams while the others misbehave:",
-    "sampling_params": {"temperature": 0, "max_new_tokens": 160, "ignore_eos": True},
+    "sampling_params": {"temperature": 0, "max_new_tokens": 480, "ignore_eos": True},
     "stream": True,
 }
 MAX_BODY = 1 << 20

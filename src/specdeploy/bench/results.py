@@ -11,6 +11,9 @@ One directory per run::
       server_info_after.json  the same, read again after the run's last cell: what a server learnt while
                         measured (the reference engine's `--budget auto`: its budgets chosen, step costs
                         and acceptance); rewritten by a resumed run.
+      server_states.jsonl  {"cell": CellKey.id, "internal_states": ...} per line: the measured server's
+                        /server_info internal_states read after each cell (the reference engine's
+                        `engine_loop`, where its iterations spent their time since the cell's flush).
       requests.jsonl    One RequestRecord per line (schema "specdeploy.request/1"), appended one
                         whole cell at a time; warmup requests are never written.
       summary.json      RunSummary (schema "specdeploy.summary/1"): one CellSummary per finished
@@ -56,6 +59,7 @@ MANIFEST_SCHEMA = "specdeploy.manifest/1"
 MANIFEST_FILE = "manifest.json"
 SERVER_INFO_FILE = "server_info.json"
 SERVER_INFO_AFTER_FILE = "server_info_after.json"
+SERVER_STATES_FILE = "server_states.jsonl"
 REQUESTS_FILE = "requests.jsonl"
 INCOMPLETE_FILE = "incomplete.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -285,6 +289,14 @@ class RunDirectory:
 
     def write_server_info_after(self, server_info: dict[str, Any]) -> None:
         _write_atomic(self.path / SERVER_INFO_AFTER_FILE, json.dumps(redact(server_info), indent=2))
+
+    def append_server_state(self, cell: str, server_info: dict[str, Any] | None) -> None:
+        """Keep what the server reported of itself after `cell` (nothing when it has no /server_info)."""
+        states = (server_info or {}).get("internal_states")
+        if states is None:
+            return
+        with open(self.path / SERVER_STATES_FILE, "a") as f:
+            f.write(json.dumps({"cell": cell, "internal_states": redact(states)}) + "\n")
 
     def read_manifest(self) -> RunManifest:
         return RunManifest.model_validate(self._read_json(self.path / MANIFEST_FILE, MANIFEST_SCHEMA))

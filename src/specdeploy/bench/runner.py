@@ -208,6 +208,7 @@ async def _run(
                     f"in incomplete.jsonl. Restart the server and rerun with --resume"
                 )
             _write_cell(run_dir, key, records, config, baseline_run, sampler)
+            run_dir.append_server_state(key.id, await server.client.get_json("/server_info"))
         if todo:
             run_dir.write_server_info_after(
                 {role: await s.client.get_json("/server_info") for role, s in servers.items()}

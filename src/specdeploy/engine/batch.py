@@ -32,6 +32,31 @@ from specdeploy.errors import SpecdeployError
 DEFAULT_PREFILL_TOKENS = 2048  # prompt tokens per iteration; one chunk of this size costs about one step
 
 
+@dataclass
+class LoopTimes:
+    """Where the iterations spent their time since the engine started or the times were last reset: prefill,
+    the runner's steps (from launch to the host's copy of their tokens), the budget policy's choices and
+    observations, and the rest of `iterate` (stop rules, events, rows leaving)."""
+
+    iterations: int = 0
+    steps: int = 0
+    prefill_tokens: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("iterate", "prefill", "step", "policy"), 0.0)
+    )
+
+    def describe(self) -> dict:
+        per = {name: 1e3 * s / max(self.iterations, 1) for name, s in self.seconds.items()}
+        parts = {name: round(per[name], 4) for name in ("prefill", "step", "policy")}
+        other = per["iterate"] - sum(per[name] for name in parts)
+        return {
+            "iterations": self.iterations,
+            "steps": self.steps,
+            "prefill_tokens": self.prefill_tokens,
+            "ms_per_iteration": {**parts, "rest_of_iteration": round(max(0.0, other), 4)},
+        }
+
+
 @dataclass(eq=False)  # identity: requests key dictionaries
 class Request:
     prompt_ids: list[int]
@@ -84,6 +109,7 @@ class BatchEngine:
         self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.policy = policy
+        self.loop = LoopTimes()
         # when the last step's tokens reached the host (None: no request has run since)
         self._last_step_end: float | None = None
         self.device = target.embed_tokens.weight.device
@@ -101,6 +127,10 @@ class BatchEngine:
         self.graphs_captured = 0
         self.max_context = 0
         self.reserve(max_context)
+        if policy is not None and policy.load_adds is None:
+            # on a GPU, what slows a step is host work (another thread holding the interpreter, a server's
+            # delivery): time added to every step whatever its size, not a factor on it
+            policy.load_adds = self.device.type == "cuda"
         if policy is not None and policy.cost is None:
             policy.cost = measure_step_cost(self.runner, policy.budgets)
         self.startup_s = time.perf_counter() - started
@@ -152,11 +182,18 @@ class BatchEngine:
         prefill_seconds = time.perf_counter() - started
         if self.running:
             window = self.runner.draft_window()  # what the step's cost is read at
-            budget = self.policy.choose(len(self.running), window) if self.policy is not None else None
+            budget = None
+            if self.policy is not None:
+                chosen_at = time.perf_counter()
+                budget = self.policy.choose(len(self.running), window)
+                self.loop.seconds["policy"] += time.perf_counter() - chosen_at
             events += self._step(budget, window, prefill_seconds)
         self._drop_finished()
         if not self.running:
             self._last_step_end = None  # the wait for requests is no step's overhead
+        self.loop.iterations += 1
+        self.loop.seconds["prefill"] += prefill_seconds
+        self.loop.seconds["iterate"] += time.perf_counter() - started
         return events
 
     # --------------------------------------------------------------------------------------- prefill
@@ -183,6 +220,7 @@ class BatchEngine:
                 events.append(self._fail(request, exc))
                 continue
             spent += chunk
+            self.loop.prefill_tokens += chunk
             if first is None:
                 break
             self.prefilling = None
@@ -219,16 +257,29 @@ class BatchEngine:
         expected = self.runner.expected
         seconds = time.perf_counter() - started
         self._last_step_end = started + seconds  # what follows (events, a server's delivery) is overhead
+        self.loop.steps += 1
+        self.loop.seconds["step"] += seconds
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
             if self.policy is not None:  # this request's tree prediction, before the step is folded in
-                own = expected[row][self.policy.drafting.index(budget)] if expected and budget else 1.0
-                request.predicted.append(self.policy.calibrated(budget, own))
+                request.predicted.append(self._predicted(budget, expected[row] if expected else None))
             events.append(self._event(request, tokens, verified))
         if self.policy is not None:
+            observed_at = time.perf_counter()
             self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected, window)
+            self.loop.seconds["policy"] += time.perf_counter() - observed_at
         return events
+
+    def _predicted(self, budget: int, expected: list[float] | None) -> float:
+        """The tokens a row's step at `budget` was expected to commit: its own tree's calibrated prediction, or,
+        on a drafting step that predicted nothing (`StepRunner.predict_every`), the running mean of the trees'
+        predictions, calibrated alike (the first drafting step predicts, so there is one)."""
+        if budget == 0:
+            return 1.0
+        policy = self.policy
+        own = policy.predicted[budget] if expected is None else expected[policy.drafting.index(budget)]
+        return policy.calibrated(budget, own)
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:
         step = request.rules.commit(tokens, verified)

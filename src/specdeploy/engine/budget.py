@@ -19,22 +19,28 @@ policy keeps:
   steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
 and picks, for r running requests at window w, the budget b that maximises r * accept(b) / cost(r, b, w), where
-cost is the start-up cost times a correction per budget and the load, both from the measured steps, plus an
-iteration's overhead. A step's measured over
-predicted time is the product of the machine's load at the time (shared by every budget: on a shared CPU it
-swings by 1.5x within a minute) and what the start-up cost gets wrong about that budget; the policy keeps the
-load as the median over the last steps, whatever their budgets, of each one's ratio over its budget's
-correction, and a budget's correction as the median of its recent steps' ratios over the load at their time,
-for each row bucket of the start-up measurement apart: what a real step costs beyond a dead one grows with
+cost is the start-up cost times a correction per budget, under the load, both from the measured steps, plus an
+iteration's overhead. A step's measured time is its start-up cost times what that gets wrong about its budget
+(the correction), under the machine's load at the time, which every budget shares: on a CPU a factor (the cores
+are shared with other processes: it swings by 1.5x within a minute), on a GPU seconds added to each step (the
+host work of another thread, a server's delivery, which the interpreter lock makes the step wait for: a
+factor would make a small tree's step look far cheaper than it is while those waits dominate). The policy
+keeps the load as the median over the last steps, whatever their budgets, of each one's measured time over
+(or less) its corrected start-up cost, and a budget's correction as the median over its recent steps of
+what they took, the load at their time taken out, over their start-up cost, for each row bucket of the start-up measurement apart: what a real step costs beyond a dead one grows with
 the running requests (in a server, delivering their tokens competes with the step for the host), so a
 correction learnt at 64 requests says nothing of one request. The load is common to every budget, so budgets
 whose steps ran at different moments are still compared as if side by side (a budget not yet measured in a
 bucket takes the median correction of those that were there). An iteration also
 spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
-overhead, measured between steps, is the same at every budget and weighs most on the shortest steps, so it is
-added to each budget's step time. Every `explore_every`-th choice takes the best budget whose cost is not yet
-measured, or else the runner-up, so every budget's cost gets measured (and a run of AR steps, which predicts
-nothing, is broken by a drafting step now and then).
+overhead, measured from a step's end to the next one's start, weighs most on the shortest steps and grows with
+what the step committed, so it is kept per budget and row bucket of the step before it (the median over all
+steps while one is little measured) and added to that budget's step time. Every `explore_every`-th choice
+measures another budget: the best one not yet measured in its row bucket, else, of those the start-up cost
+alone rates close to the best, the one measured longest ago, so no correction goes stale (and a run of AR steps, which predicts nothing, is broken by a drafting step now
+and then). The medians behind
+a choice are recomputed every REFRESH_EVERY observed steps, not at each one: on a GPU a small model's step
+costs less host time than they would.
 """
 
 from __future__ import annotations
@@ -54,11 +60,15 @@ if TYPE_CHECKING:
 
 MIN_SAMPLES = 3  # steps before the calibration, or a budget's measured cost, is trusted
 EWMA = 0.05  # weight of a new step in the running means of acceptance (a plain mean over the first 1/EWMA)
-COST_WINDOW = 16  # recent steps per budget whose corrections are kept (median: robust to the few steps that
-# include compiling or capturing a new CUDA graph)
-LOAD_WINDOW = 8  # recent steps the load is the median over: half a budget's window, so that the steps a load
-# change takes to show leave a budget's median correction unmoved
+COST_WINDOW = 32  # recent steps per budget whose corrections are kept (median: robust to the few steps that
+# include compiling or capturing a new CUDA graph, and to a GPU server's host waits, which make single steps noisy)
+# recent steps the load is the median over: a quarter of a budget's window, so that the steps a load change
+# takes to show leave a budget's median correction unmoved
+LOAD_WINDOW = 8
 WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
+EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of the best by the start-up cost
+REFRESH_EVERY = 4  # observed steps between re-rankings: the medians behind a choice cost more host time than
+# a small model's step on a GPU, and four steps move them little
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -161,15 +171,24 @@ def running_mean(mean: float, value: float, count: int) -> float:
 
 
 class BudgetPolicy:
-    def __init__(self, budgets: list[int], cost: StepCost | None = None, explore_every: int = 20) -> None:
+    def __init__(
+        self,
+        budgets: list[int],
+        cost: StepCost | None = None,
+        explore_every: int = 20,
+        load_adds: bool | None = None,
+    ) -> None:
         """`budgets`: the choices, 0 (an AR step) among them or not; `cost`: the start-up step cost, None until
-        the batch engine measures it on its runner."""
+        the batch engine measures it on its runner; `load_adds`: the load is seconds added to every step (a
+        GPU's host waits) rather than a factor on its time (a CPU's cores shared with other processes); None:
+        as the batch engine's device says."""
         if not budgets or min(budgets) < 0:
             raise SpecdeployError(f"budgets must be at least 0 (0: an AR step), got {budgets}")
         self.budgets = sorted(set(budgets))
         self.drafting = [b for b in self.budgets if b > 0]
         self.cost = cost
         self.explore_every = explore_every
+        self.load_adds = load_adds
         self.predicted = dict.fromkeys(self.drafting, 0.0)  # running mean of the trees' predictions
         self.predictions = 0  # drafting steps whose trees predicted every budget
         self.realised = dict.fromkeys(self.budgets, 0.0)  # running mean of tokens committed, at each budget
@@ -179,13 +198,23 @@ class BudgetPolicy:
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
         self.choices = 0
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
-        # per (budget, row bucket): its recent steps' measured / predicted time over the load at their time
+        # per (budget, row bucket): its recent steps' measured over predicted time, the load at their time taken out
         self.cost_ratios: dict[tuple[int, int], deque[float]] = defaultdict(lambda: deque(maxlen=COST_WINDOW))
-        # (budget, row bucket, measured / predicted) of the last steps
-        self.recent: deque[tuple[int, int, float]] = deque(maxlen=LOAD_WINDOW)
-        self.overheads: deque[float] = deque(maxlen=COST_WINDOW)  # seconds between steps, outside them
+        # (budget, row bucket, measured seconds, start-up seconds) of the last steps
+        self.recent: deque[tuple[int, int, float, float]] = deque(maxlen=LOAD_WINDOW)
+        # per (budget, row bucket): seconds between one such step's end and the next step's start (delivering
+        # its tokens), and of all those steps together
+        self.overheads_by: dict[tuple[int, int], deque[float]] = defaultdict(
+            lambda: deque(maxlen=COST_WINDOW)
+        )
+        self.overheads: deque[float] = deque(maxlen=COST_WINDOW)
+        self._last_step: tuple[int, int] | None = None  # (budget, row bucket) of the last observed step
+        self.measured_at: dict[tuple[int, int], int] = {}  # (budget, row bucket) -> its last timed step
+        self.steps_observed = 0
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
-        self._load_cache: float | None = None  # load(), until the next observed step
+        self._load_cache: float | None = None  # load(), until the next refresh
+        self._ranking_cache: dict[tuple[int, int | None], list[int]] = {}  # (running, window) -> ranking
+        self._since_refresh = 0  # steps observed since the caches above were last cleared
 
     def calibration(self) -> float:
         """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
@@ -228,22 +257,44 @@ class BudgetPolicy:
         return self._corrections_cache[bucket]
 
     def load(self) -> float | None:
-        """Measured over predicted time of the last steps, each over its budget's correction (None before any)."""
+        """The last steps' median measured time over (or, with `load_adds`, less) their start-up time times
+        their budget's correction (None before any step)."""
         if not self.recent:
             return None
         if self._load_cache is None:
             self._load_cache = statistics.median(
-                ratio / self.cost_ratio(b, bucket) for b, bucket, ratio in self.recent
+                seconds - predicted * self.cost_ratio(b, bucket)
+                if self.load_adds
+                else seconds / (predicted * self.cost_ratio(b, bucket))
+                for b, bucket, seconds, predicted in self.recent
             )
         return self._load_cache
 
-    def overhead(self) -> float:
-        """Seconds an iteration spends outside its step (and any prefill): the median of the last measured."""
+    def current_load(self) -> float:
+        """`load`, or no load (0 s added, or a factor of 1) before any step."""
+        load = self.load()
+        return load if load is not None else (0.0 if self.load_adds else 1.0)
+
+    def loaded(self, seconds: float, correction: float, load: float) -> float:
+        """A step's time by the start-up cost (`seconds`) with its budget's correction, under `load`."""
+        return seconds * correction + load if self.load_adds else seconds * correction * load
+
+    def overhead(self, budget: int | None = None, bucket: int | None = None) -> float:
+        """Seconds an iteration spends outside its step (and any prefill) after a step at `budget` of row bucket
+        `bucket` (a server delivers its tokens then): the median of the last measured after such steps, or
+        after any step while fewer than MIN_SAMPLES were (0 before any)."""
+        own = self.overheads_by.get((budget, bucket), ())
+        if len(own) >= MIN_SAMPLES:
+            return statistics.median(own)
         return statistics.median(self.overheads) if self.overheads else 0.0
 
     def observe_overhead(self, seconds: float) -> None:
-        """Fold in the time from one step's end to the next one's start, less the prefill in between."""
-        self.overheads.append(max(0.0, seconds))
+        """Fold in the time from the last observed step's end to the next one's start, less the prefill in
+        between."""
+        seconds = max(0.0, seconds)
+        self.overheads.append(seconds)
+        if self._last_step is not None:
+            self.overheads_by[self._last_step].append(seconds)
 
     def throughput(
         self,
@@ -255,23 +306,52 @@ class BudgetPolicy:
     ) -> float:
         """Tokens per second at `budget`, its step at the current load plus the overhead of an iteration
         (`load`, `overhead`: when already known)."""
-        load = load if load is not None else self.load() or 1.0
-        overhead = overhead if overhead is not None else self.overhead()
-        correction = self.cost_ratio(budget, self.cost.rows_bucket(running))
-        seconds = self.step_seconds(running, budget, window) * correction * load + overhead
+        load = load if load is not None else self.current_load()
+        bucket = self.cost.rows_bucket(running)
+        overhead = overhead if overhead is not None else self.overhead(budget, bucket)
+        correction = self.cost_ratio(budget, bucket)
+        seconds = self.loaded(self.step_seconds(running, budget, window), correction, load) + overhead
         return running * self.estimate(budget) / max(seconds, 1e-9)
+
+    def ranking(self, running: int, window: int | None = None) -> list[int]:
+        """The budgets by estimated tokens per second, best first (kept until the next refresh)."""
+        key = (running, window)
+        if key not in self._ranking_cache:
+            load = self.current_load()
+            self._ranking_cache[key] = sorted(
+                self.budgets, key=lambda b: -self.throughput(running, b, window, load)
+            )
+        return self._ranking_cache[key]
 
     def choose(self, running: int, window: int | None = None) -> int:
         """The budget for a step of `running` requests whose attention window is `window` (slots)."""
-        load, overhead = self.load() or 1.0, self.overhead()
-        ranked = sorted(self.budgets, key=lambda b: -self.throughput(running, b, window, load, overhead))
+        ranked = self.ranking(running, window)
         self.choices += 1
-        explore = len(ranked) > 1 and self.choices % self.explore_every == 0
-        bucket = self.cost.rows_bucket(running)
-        unmeasured = [b for b in ranked[1:] if len(self.cost_ratios.get((b, bucket), ())) < MIN_SAMPLES]
-        choice = (unmeasured or ranked[1:])[0] if explore else ranked[0]
+        choice = ranked[0]
+        if len(ranked) > 1 and self.choices % self.explore_every == 0:
+            choice = self._explored(running, window, ranked)
         self.last_choice[running] = choice
         return choice
+
+    def _explored(self, running: int, window: int | None, ranked: list[int]) -> int:
+        """The budget an exploring step measures: the best one whose cost in this row bucket is not yet
+        measured; once all are, of the others that the start-up cost alone (no correction) rates within
+        EXPLORE_WITHIN of the best, the one measured there longest ago. A correction is only as fresh as its
+        budget's last steps: one learnt in a burst of host work would otherwise keep its budget unmeasured,
+        and so unchosen, for good."""
+        bucket = self.cost.rows_bucket(running)
+        unmeasured = [b for b in ranked[1:] if len(self.cost_ratios.get((b, bucket), ())) < MIN_SAMPLES]
+        if unmeasured:
+            return unmeasured[0]
+        load, overhead = self.current_load(), self.overhead()
+        prior = {
+            b: running * self.estimate(b) / max(self.loaded(self.step_seconds(running, b, window), 1.0, load)
+                                                + overhead, 1e-9)
+            for b in ranked[1:]
+        }  # fmt: skip
+        best = max(prior.values())
+        candidates = [b for b in ranked[1:] if prior[b] >= EXPLORE_WITHIN * best]
+        return min(candidates, key=lambda b: self.measured_at.get((b, bucket), -1))
 
     def observe(
         self,
@@ -287,15 +367,22 @@ class BudgetPolicy:
         if seconds is not None:
             step_seconds = self.step_seconds(len(accept_lengths), budget, window)
             if step_seconds > 0:
-                ratio = seconds / step_seconds
                 load = self.load()
                 bucket = self.cost.rows_bucket(len(accept_lengths))
-                # the first step sets the load: its budget's correction stays as it is
-                correction = ratio / load if load else self.cost_ratio(budget, bucket)
+                if load is None:  # the first step sets the load: its budget's correction stays as it is
+                    correction = self.cost_ratio(budget, bucket)
+                elif self.load_adds:  # what the step took beyond the load, over its start-up time
+                    correction = max(seconds - load, 0.0) / step_seconds
+                else:
+                    correction = seconds / step_seconds / load
                 self.cost_ratios[budget, bucket].append(correction)
-                self.recent.append((budget, bucket, ratio))
-                self._corrections_cache.clear()
-                self._load_cache = None
+                self.recent.append((budget, bucket, seconds, step_seconds))
+                self._last_step = (budget, bucket)
+                self.measured_at[budget, bucket] = self.steps_observed
+        self.steps_observed += 1
+        self._since_refresh += 1
+        if self._since_refresh >= REFRESH_EVERY:
+            self.refresh()
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised[budget] = running_mean(self.realised[budget], realised, self.samples[budget])
@@ -315,13 +402,27 @@ class BudgetPolicy:
             self.realised_drafts = running_mean(self.realised_drafts, realised - 1, count)
             self.predicted_drafts = running_mean(self.predicted_drafts, predicted - 1, count)
 
+    def refresh(self) -> None:
+        """Recompute the corrections, the load and the rankings from the steps observed so far when next read."""
+        self._corrections_cache.clear()
+        self._load_cache = None
+        self._ranking_cache.clear()
+        self._since_refresh = 0
+
     def _measured_over_predicted(self) -> dict[int, dict[int, float]]:
-        """Budget -> row bucket -> the median measured over start-up time of its recent steps, the load included."""
-        load = self.load() or 1.0
+        """Budget -> row bucket -> the median of its recent steps' measured over start-up time, the load taken
+        out (its correction)."""
         table: dict[int, dict[int, float]] = {}
         for (budget, bucket), ratios in sorted(self.cost_ratios.items()):
             if ratios:
-                table.setdefault(budget, {})[bucket] = round(statistics.median(ratios) * load, 4)
+                table.setdefault(budget, {})[bucket] = round(statistics.median(ratios), 4)
+        return table
+
+    def _overheads_ms(self) -> dict[int, dict[int, float]]:
+        """Budget -> row bucket -> the median ms between such a step and the next."""
+        table: dict[int, dict[int, float]] = {}
+        for (budget, bucket), seconds in sorted(self.overheads_by.items()):
+            table.setdefault(budget, {})[bucket] = round(1e3 * statistics.median(seconds), 3)
         return table
 
     def describe(self) -> dict:
@@ -344,8 +445,10 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            "measured_over_predicted_by_budget_and_rows": self._measured_over_predicted(),
-            "load": round(self.load() or 1.0, 4),
+            "cost_correction_by_budget_and_rows": self._measured_over_predicted(),
+            "load": round(self.current_load(), 6),
+            "load_adds": self.load_adds,
             "overhead_ms": round(1e3 * self.overhead(), 3),
+            "overhead_ms_by_budget_and_rows": self._overheads_ms(),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }

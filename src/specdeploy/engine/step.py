@@ -59,6 +59,9 @@ TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part 
 # rows x PENDING_BLOCKS x block x (feature layers x hidden) values: 40 KiB a position for a Qwen3-8B drafter
 # (5 layers x 4096, bf16), so 160 MiB at 64 rows and blocks of 16.
 PENDING_BLOCKS = 4
+# drafting steps per acceptance prediction: on a GPU, predicting budget 64's tree costs about what building it
+# does, and the policy's running means barely move between steps
+PREDICT_EVERY = 4
 
 
 @dataclass
@@ -140,20 +143,26 @@ class StepRunner:
         self._pending: Pending | None = None
         self._trees: dict[int, TreeBuffers] = {}
         self.sampling_ready = False  # a row has sampled: every tree size keeps verify logits
-        self.curve_budgets: list[int] = []  # budgets whose expected acceptance each DDTree step predicts
-        self.expected: list[list[float]] | None = None  # the last step's: per running row, per budget
+        self.curve_budgets: list[int] = []  # budgets whose expected acceptance DDTree steps predict
+        self.predict_every = PREDICT_EVERY
+        self.drafting_steps = 0  # drafting steps run: every predict_every-th one predicts, the first included
+        self.expected: list[list[float]] | None = None  # the last step's if it predicted: per row, per budget
         self._allocate()
 
     @property
     def active(self) -> int:
         return len(self.running)
 
-    def predict_acceptance(self, budgets: list[int]) -> None:
-        """Make every drafting DDTree step predict, for each row, the tokens it would commit at each of
-        `budgets` (`expected_accept_lengths` over the step's own draft), read into `expected` after the step."""
+    def predict_acceptance(self, budgets: list[int], every: int = PREDICT_EVERY) -> None:
+        """Make every `every`-th drafting DDTree step predict, for each row, the tokens it would commit at each
+        of `budgets` (`expected_accept_lengths` over the step's own draft), read into `expected` after the
+        step (None after the others)."""
         if self.mode != "ddtree" or not budgets or min(budgets) < 1:
             raise SpecdeployError(f"acceptance is predicted for DDTree budgets of at least 1, got {budgets}")
+        if every < 1:
+            raise SpecdeployError(f"predict every 1 or more drafting steps, got {every}")
         self.curve_budgets = sorted(budgets)
+        self.predict_every = every
         self.expected_buffer = torch.ones(self.rows, len(budgets), device=self.device)
         self.graphs.clear()  # the tree stage now writes the prediction too
 
@@ -269,13 +278,18 @@ class StepRunner:
 
     @torch.inference_mode()
     def dead_step(
-        self, rows: int, budget: int | None = None, window: int | None = None, catch_up: int | None = None
+        self,
+        rows: int,
+        budget: int | None = None,
+        window: int | None = None,
+        catch_up: int | None = None,
+        predict: bool = False,
     ) -> None:
         """One greedy step of every stage on `rows` dead rows (no host synchronisation): it writes only scratch
         slots and commits nothing, so it captures graphs (at `window`, default the smallest) or times a step
         of that shape without touching any sequence. `catch_up`: pending feature rows it takes in (default: a
-        block for a drafting step, none for an AR step, as in a run of them). Only while none runs or
-        prefills."""
+        block for a drafting step, none for an AR step, as in a run of them); `predict`: its tree predicts
+        acceptance (as every `predict_every`-th drafting step's does). Only while none runs or prefills."""
         if self.running or self._pending is not None:
             raise SpecdeployError("dead steps run only while no sequence runs or prefills")
         size = self.tree_size(budget)
@@ -288,7 +302,7 @@ class StepRunner:
         untimed = lambda name, key, stage, eager=False, protect=(), neutral=None: self._run(  # noqa: E731
             key, stage, eager, protect, neutral
         )
-        self._stages(rows, size, True, window, window, catch_up, untimed)
+        self._stages(rows, size, True, window, window, catch_up, untimed, predict and size > 0)
 
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, so that no
@@ -300,6 +314,10 @@ class StepRunner:
             for window in self.windows():
                 for budget in budgets:
                     self.dead_step(rows, budget, window)
+            if self.curve_budgets:  # the tree stage of a predicting step, at every drafting budget
+                for budget in budgets:
+                    if self.tree_size(budget) > 0:
+                        self.dead_step(rows, budget, predict=True)
             # every catch-up size (a drafting step after AR steps), and the commit of an AR step that catches up
             if self.drafter is not None and 0 in budgets:
                 for catch_up in self.catch_up_sizes():
@@ -448,10 +466,11 @@ class StepRunner:
             if size > 0 or pending + 1 > self.pending_limit:
                 catch_up = self.catch_up_size(pending)
         verify_window = self.window(max(prefixes) + size + 1)
-        self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed)
-        out = self.out[:active].tolist()  # the step's one synchronisation
-        drafted = self.curve_budgets and size > 0
-        self.expected = self.expected_buffer[:active].tolist() if drafted else None
+        predict = bool(self.curve_budgets) and size > 0 and self.drafting_steps % self.predict_every == 0
+        self.drafting_steps += size > 0
+        self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed, predict)
+        out = self.out[:active].tolist()  # the step's one synchronisation (two when it predicted)
+        self.expected = self.expected_buffer[:active].tolist() if predict else None
         results = []
         taken_in = self._takes_in(size, catch_up)
         for state, line in zip(self.running, out, strict=True):
@@ -473,16 +492,26 @@ class StepRunner:
         return self.drafter is not None and (size > 0 or catch_up > 0)
 
     def _stages(
-        self, rows: int, size: int, greedy: bool, draft_window: int, verify_window: int, catch_up: int, run
+        self,
+        rows: int,
+        size: int,
+        greedy: bool,
+        draft_window: int,
+        verify_window: int,
+        catch_up: int,
+        run,
+        predict: bool = False,
     ) -> None:
         """Every stage of a step on `rows` rows, each through `run` (`_timed`, or untimed for dead steps), so
-        that real and dead steps use the same graph keys. `catch_up`: pending feature rows to take in first."""
+        that real and dead steps use the same graph keys. `catch_up`: pending feature rows to take in first;
+        `predict`: the tree stage predicts acceptance too."""
         if catch_up:
             run("draft", ("context", rows, catch_up), lambda: self._write_context(rows, catch_up))
         if self.drafter is not None and size > 0:
             run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window))
         chain_sampling = not greedy and self.mode == "dflash"
-        run("tree", ("tree", rows, size), lambda: self._build_tree(rows, size, greedy), eager=chain_sampling)
+        run("tree", ("tree", rows, size, predict), lambda: self._build_tree(rows, size, greedy, predict),
+            eager=chain_sampling)  # fmt: skip
         run("verify", ("verify", rows, verify_window, size, greedy),
             lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
         run("commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy)
@@ -554,16 +583,16 @@ class StepRunner:
         hidden = drafter.draft(noise, batch, self.draft_cache)
         self.draft_logits[:rows].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
 
-    def _build_tree(self, rows: int, size: int, greedy: bool) -> None:
+    def _build_tree(self, rows: int, size: int, greedy: bool, predict: bool = False) -> None:
         root = self.root[:rows]
         if size == 0:
             tree = chain_tree(root, root[:, None][:, :0])
         elif self.mode == "ddtree":
             logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
-            width = min(max([size, *self.curve_budgets]), logprobs.shape[-1])
+            width = min(max([size, *(self.curve_budgets if predict else [])]), logprobs.shape[-1])
             top = top_k(logprobs, width)  # one selection for the tree and the prediction
             tree = best_first_tree(root, logprobs, size, top)
-            if self.curve_budgets:
+            if predict:
                 predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
                 self.expected_buffer[:rows].copy_(predicted)
         elif greedy:

@@ -109,6 +109,9 @@ async def server_info(request: Request) -> dict[str, Any]:
         internal["avg_spec_accept_length"] = avg
     if service.config.budget_policy is not None:
         internal["ddtree_budget_policy"] = service.config.budget_policy.describe()
+    loop = service.worker.loop_times()
+    if loop is not None:  # since start or the last /flush_cache
+        internal["engine_loop"] = loop
     batch_engine = service.worker.engine
     internal["cuda_graphs_captured_at_startup"] = batch_engine.graphs_captured
     internal["startup_capture_and_measure_s"] = round(batch_engine.startup_s, 3)
@@ -148,6 +151,7 @@ async def flush_cache(request: Request, timeout: str = Query("0")) -> Response:
             status_code=400,
         )
     service.stats.flush()
+    service.worker.reset_loop_times()
     return PlainTextResponse(
         "Cache flushed.\nPlease check backend logs for more details. "
         "(When there are running or waiting requests, the operation will not be performed.)\n"

@@ -92,6 +92,9 @@ class EngineWorker:
         self._stopping = threading.Event()
         self._exited = False  # set under the lock once the thread takes no more jobs
         self.last_step_at = 0.0  # perf_counter of the latest step any job made, for /health_generate
+        # seconds from one iteration's end to the next one's start while jobs were held (delivering events,
+        # taking new jobs), and the iterations counted, since start or `reset_loop_times`
+        self._between_s, self._between_count = 0.0, 0
         self._thread = threading.Thread(target=self._run, name="specdeploy-engine", daemon=True)
 
     @property
@@ -108,6 +111,24 @@ class EngineWorker:
 
     def start(self) -> None:
         self._thread.start()
+
+    def loop_times(self) -> dict | None:
+        """The engine's `LoopTimes` with the worker's own time between iterations added (None for an engine
+        that keeps none)."""
+        loop = getattr(self.engine, "loop", None)
+        if loop is None:
+            return None
+        times = loop.describe()
+        times["ms_per_iteration"]["server_between_iterations"] = round(
+            1e3 * self._between_s / max(self._between_count, 1), 4
+        )
+        return times
+
+    def reset_loop_times(self) -> None:
+        """Start `loop_times` afresh (SGLang's /flush_cache restarts its counters alike)."""
+        if hasattr(self.engine, "loop"):
+            self.engine.loop = type(self.engine.loop)()
+        self._between_s, self._between_count = 0.0, 0
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
         """Queue a job behind all earlier ones; refuse with 503 when the queue is full or shutting down."""
@@ -152,6 +173,7 @@ class EngineWorker:
 
     def _run(self) -> None:
         held: dict[Any, Job] = {}  # engine request -> its job
+        iterated_at: float | None = None  # the last iteration's end, while jobs stay held
         while not self._stopping.is_set():
             if not self._take(held, block=not held):
                 break
@@ -159,7 +181,11 @@ class EngineWorker:
                 if job.cancelled.is_set():
                     self.engine.cancel(request)
             if not held:
+                iterated_at = None  # the wait for jobs is not the server's work
                 continue
+            if iterated_at is not None:
+                self._between_s += time.perf_counter() - iterated_at
+                self._between_count += 1
             try:
                 events = self.engine.iterate()
             # the batched step failed, with no one request to blame: its jobs end, never the worker
@@ -170,8 +196,9 @@ class EngineWorker:
                 self._release(held, list(held))
                 self.engine = self.make_engine()
                 continue
+            iterated_at = time.perf_counter()  # what follows, delivering the events, is the server's work
             if events:
-                self.last_step_at = time.perf_counter()
+                self.last_step_at = iterated_at
             for event in events:
                 job = held[event.request]
                 if event.step is None:  # this request alone failed; the others go on
