@@ -409,7 +409,7 @@ class BudgetPolicy:
         self._ranking_cache.clear()
         self._since_refresh = 0
 
-    def _measured_over_predicted(self) -> dict[int, dict[int, float]]:
+    def _corrections_table(self) -> dict[int, dict[int, float]]:
         """Budget -> row bucket -> the median of its recent steps' measured over start-up time, the load taken
         out (its correction)."""
         table: dict[int, dict[int, float]] = {}
@@ -445,7 +445,7 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            "cost_correction_by_budget_and_rows": self._measured_over_predicted(),
+            "cost_correction_by_budget_and_rows": self._corrections_table(),
             "load": round(self.current_load(), 6),
             "load_adds": self.load_adds,
             "overhead_ms": round(1e3 * self.overhead(), 3),
