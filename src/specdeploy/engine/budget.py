@@ -303,13 +303,15 @@ class BudgetPolicy:
         window: int | None = None,
         load: float | None = None,
         overhead: float | None = None,
+        corrected: bool = True,
     ) -> float:
         """Tokens per second at `budget`, its step at the current load plus the overhead of an iteration
-        (`load`, `overhead`: when already known)."""
+        (`load`, `overhead`: when already known; `corrected`: the start-up cost with the budget's correction,
+        else as measured at start-up)."""
         load = load if load is not None else self.current_load()
         bucket = self.cost.rows_bucket(running)
         overhead = overhead if overhead is not None else self.overhead(budget, bucket)
-        correction = self.cost_ratio(budget, bucket)
+        correction = self.cost_ratio(budget, bucket) if corrected else 1.0
         seconds = self.loaded(self.step_seconds(running, budget, window), correction, load) + overhead
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
@@ -344,11 +346,7 @@ class BudgetPolicy:
         if unmeasured:
             return unmeasured[0]
         load, overhead = self.current_load(), self.overhead()
-        prior = {
-            b: running * self.estimate(b) / max(self.loaded(self.step_seconds(running, b, window), 1.0, load)
-                                                + overhead, 1e-9)
-            for b in ranked[1:]
-        }  # fmt: skip
+        prior = {b: self.throughput(running, b, window, load, overhead, corrected=False) for b in ranked[1:]}
         best = max(prior.values())
         candidates = [b for b in ranked[1:] if prior[b] >= EXPLORE_WITHIN * best]
         return min(candidates, key=lambda b: self.measured_at.get((b, bucket), -1))
@@ -409,20 +407,15 @@ class BudgetPolicy:
         self._ranking_cache.clear()
         self._since_refresh = 0
 
-    def _corrections_table(self) -> dict[int, dict[int, float]]:
-        """Budget -> row bucket -> the median of its recent steps' measured over start-up time, the load taken
-        out (its correction)."""
+    @staticmethod
+    def _median_table(
+        samples: dict[tuple[int, int], deque[float]], scale: float, digits: int
+    ) -> dict[int, dict[int, float]]:
+        """Budget -> row bucket -> the median of its samples, times `scale`."""
         table: dict[int, dict[int, float]] = {}
-        for (budget, bucket), ratios in sorted(self.cost_ratios.items()):
-            if ratios:
-                table.setdefault(budget, {})[bucket] = round(statistics.median(ratios), 4)
-        return table
-
-    def _overheads_ms(self) -> dict[int, dict[int, float]]:
-        """Budget -> row bucket -> the median ms between such a step and the next."""
-        table: dict[int, dict[int, float]] = {}
-        for (budget, bucket), seconds in sorted(self.overheads_by.items()):
-            table.setdefault(budget, {})[bucket] = round(1e3 * statistics.median(seconds), 3)
+        for (budget, bucket), values in sorted(samples.items()):
+            if values:
+                table.setdefault(budget, {})[bucket] = round(scale * statistics.median(values), digits)
         return table
 
     def describe(self) -> dict:
@@ -445,10 +438,12 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            "cost_correction_by_budget_and_rows": self._corrections_table(),
+            # each budget's measured over start-up step time, the load taken out
+            "cost_correction_by_budget_and_rows": self._median_table(self.cost_ratios, 1.0, 4),
             "load": round(self.current_load(), 6),
             "load_adds": self.load_adds,
             "overhead_ms": round(1e3 * self.overhead(), 3),
-            "overhead_ms_by_budget_and_rows": self._overheads_ms(),
+            # ms between a step of that budget and row bucket and the next step
+            "overhead_ms_by_budget_and_rows": self._median_table(self.overheads_by, 1e3, 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
         }
