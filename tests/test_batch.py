@@ -14,6 +14,7 @@ from specdeploy.engine.batch import BatchEngine
 from specdeploy.engine.budget import REFRESH_EVERY
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
+from specdeploy.engine.step import StepRunner, prefill_buckets
 from specdeploy.errors import SpecdeployError
 
 FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "qwen3_next"]
@@ -64,22 +65,82 @@ def test_greedy_outputs_with_padded_rows_equal_single_requests(pairs, family):
     reaches the row being prefilled (the last) while its 9-token prompt spans three iterations."""
     order = [0, 1, 3, 2, 4, 5]  # the long prompt arrives fourth, when three are running
     assert_batched_greedy_equals_single(
-        *pairs[family], max_running=4, pad_rows=True, order=order, arrival_gap=0
+        *pairs[family], max_running=4, fixed_shapes=True, order=order, arrival_gap=0
     )
 
 
 def test_hybrid_rows_with_large_trees_equal_single_requests(pairs):
     """Recurrent state along trees of 64 nodes (deeper than the drafter's block allows), rows joining and
     leaving, padded or not."""
-    for pad_rows in (False, True):
-        assert_batched_greedy_equals_single(*pairs["qwen3_next"], pad_rows=pad_rows, modes=[("ddtree", 64)])
+    for fixed_shapes in (False, True):
+        assert_batched_greedy_equals_single(
+            *pairs["qwen3_next"], fixed_shapes=fixed_shapes, modes=[("ddtree", 64)]
+        )
+
+
+def cache_tensors(runner: StepRunner) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of the runner's target and drafter caches, named; slot tensors keep slots on dim -1 or 2."""
+    named = []
+    for owner, cache in (("target", runner.cache), ("drafter", runner.draft_cache)):
+        named += [
+            (f"{owner} group {g}.{i}", t) for g, group in enumerate(cache.groups) for i, t in enumerate(group)
+        ]
+        if cache.positions is not None:
+            named.append((f"{owner} positions", cache.positions))
+        if cache.recurrent is not None:
+            named += [
+                (f"{owner} recurrent conv", cache.recurrent.conv),
+                (f"{owner} recurrent state", cache.recurrent.state),
+            ]
+    return named
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_padded_first_chunk_writes_what_a_chunk_of_its_own_size_writes(pairs, family):
+    """A 9-token prompt prefilled at a bucket of 16 tokens (what a prefill graph replays) against at its own
+    size: the same first token and, over caches filled with the same noise first, the same values in every
+    slot but the scratch one (where the padding alone writes), recurrent state included."""
+    assert_padded_first_chunk_writes_what_its_own_size_writes(*pairs[family])
+
+
+def assert_padded_first_chunk_writes_what_its_own_size_writes(target, drafter) -> None:
+    runners = [
+        StepRunner(target, drafter, "ddtree", 8, rows=2, fixed_shapes=fixed) for fixed in (False, True)
+    ]
+    firsts = []
+    for runner in runners:
+        runner.reserve(64)
+        generator = torch.Generator().manual_seed(0)
+        for _, tensor in cache_tensors(runner):
+            noise = torch.randint(0, 50, tensor.shape, generator=generator)
+            tensor.copy_(noise if not tensor.is_floating_point() else noise / 50)
+        runner.begin(PROMPTS[2], SamplingParams(), None)
+        firsts.append(runner.prefill(16))
+    assert firsts[0] == firsts[1]
+    scratch = runners[0].cache.scratch_slot
+    for (name, eager), (_, padded) in zip(*(cache_tensors(r) for r in runners), strict=True):
+        if "recurrent" not in name:  # slots: [layers, rows, capacity, ...] or positions [rows, capacity]
+            dim = 1 if name.endswith("positions") else 2
+            eager, padded = (t.narrow(dim, 0, scratch) for t in (eager, padded))
+        torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_prefill_buckets_cover_every_chunk_with_bounded_padding():
+    for limit in (1, 16, 100, 256, 300, 2048):
+        buckets = prefill_buckets(limit)
+        assert buckets == sorted(set(buckets)) and buckets[-1] >= limit
+        for n in range(1, limit + 1):
+            bucket = next(b for b in buckets if b >= n)
+            assert bucket <= max(16, 2 * n - 1)  # at most about twice the chunk
+            if n > 256:
+                assert bucket < 1.5 * n  # padding adds less than half
 
 
 def assert_batched_greedy_equals_single(
     target,
     drafter,
     max_running: int = 3,
-    pad_rows=None,
+    fixed_shapes=None,
     order=range(len(PROMPTS)),
     arrival_gap: int = 2,
     modes=MODES,
@@ -93,7 +154,7 @@ def assert_batched_greedy_equals_single(
             for p, q in zip(prompts, params, strict=True)
         ]
         engine = BatchEngine(target, drafter if mode != "ar" else None, mode, budget, max_running=max_running,
-                             max_context=128, prefill_tokens=4, pad_rows=pad_rows)  # fmt: skip
+                             max_context=128, prefill_tokens=4, fixed_shapes=fixed_shapes)  # fmt: skip
         schedule = [(i * arrival_gap, p, q) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
         got = run(engine, schedule)
         assert [got["outputs"][i + 1] for i in range(len(prompts))] == single, (mode, budget)
@@ -272,12 +333,12 @@ def assert_changing_budgets_keep_greedy_outputs(target, drafter) -> None:
         Decoder(target, None, "ar", None).generate(p, q).token_ids
         for p, q in zip(PROMPTS, params, strict=True)
     ]
-    for pad_rows in (False, True):
+    for fixed_shapes in (False, True):
         policy = scripted_policy(CYCLE)
         engine = BatchEngine(target, drafter, "ddtree", 24, max_running=4, max_context=128,
-                             prefill_tokens=4, policy=policy, pad_rows=pad_rows)  # fmt: skip
+                             prefill_tokens=4, policy=policy, fixed_shapes=fixed_shapes)  # fmt: skip
         got = run(engine, [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))])
-        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == greedy, pad_rows
+        assert [got["outputs"][i + 1] for i in range(len(PROMPTS))] == greedy, fixed_shapes
         assert all(policy.samples[b] for b in CYCLE) and policy.choices > len(CYCLE)
 
 
@@ -316,9 +377,9 @@ def assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens: list[
     return taken_in
 
 
-@pytest.mark.parametrize("pad_rows", [False, True])
+@pytest.mark.parametrize("fixed_shapes", [False, True])
 def test_ar_steps_run_no_drafter_work_until_their_pending_features_would_overflow(
-    pairs, monkeypatch, pad_rows
+    pairs, monkeypatch, fixed_shapes
 ):
     """An AR step of a drafting runner keeps its target feature pending instead of running the drafter; in a
     run of AR steps longer than the pending buffer, the step whose feature would not fit takes them all in
@@ -328,7 +389,7 @@ def test_ar_steps_run_no_drafter_work_until_their_pending_features_would_overflo
 
     target, drafter = pairs["qwen3"]
     prompt = [3, 17, 9, 41, 5]
-    runner = StepRunner(target, drafter, "ddtree", 8, pad_rows=pad_rows)
+    runner = StepRunner(target, drafter, "ddtree", 8, fixed_shapes=fixed_shapes)
     limit = runner.pending_limit
     runner.reserve(len(prompt) + 3 * limit)
     runner.begin(prompt, SamplingParams(), None)
@@ -350,7 +411,7 @@ def test_ar_steps_run_no_drafter_work_until_their_pending_features_would_overflo
     assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
     writes.clear()  # the comparison's prefill wrote too
     tokens += runner.step(8)[0][0]
-    assert pending == 3 and writes == [drafter.block_size if pad_rows else pending]
+    assert pending == 3 and writes == [drafter.block_size if fixed_shapes else pending]
     assert_drafter_cache_equals_a_prefill(target, drafter, runner, tokens)
     params = SamplingParams(max_new_tokens=len(tokens) - len(prompt), ignore_eos=True)
     assert tokens[len(prompt) :] == Decoder(target, None, "ar").generate(prompt, params).token_ids
@@ -696,7 +757,7 @@ def test_dead_steps_at_every_bucket_window_and_budget_leave_no_trace(pairs):
     """What start-up capture runs on a GPU (every row bucket x attention window x budget, dead rows), run
     eagerly here: every shape works, and the outputs afterwards still equal the single-request ones."""
     target, drafter = pairs["qwen3"]
-    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, pad_rows=True)
+    engine = BatchEngine(target, drafter, "ddtree", 8, max_running=4, max_context=128, fixed_shapes=True)
     runner = engine.runner
     assert runner.row_buckets() == [1, 2, 4] and runner.windows()[-1] == runner.cache.capacity
     for rows in runner.row_buckets():

@@ -7,7 +7,11 @@ import pytest
 import torch
 from decode_helpers import write_pair
 from hybrid_helpers import write_drafter, write_target
-from test_batch import assert_batched_greedy_equals_single, assert_changing_budgets_keep_greedy_outputs
+from test_batch import (
+    assert_batched_greedy_equals_single,
+    assert_changing_budgets_keep_greedy_outputs,
+    assert_padded_first_chunk_writes_what_its_own_size_writes,
+)
 
 from specdeploy.engine.loading import load_drafter, load_target
 
@@ -54,3 +58,9 @@ def test_budgets_changing_mid_request_with_ar_steps_on_cuda_keep_greedy_outputs(
 def test_hybrid_rows_with_64_node_trees_on_cuda_equal_single_requests(pairs):
     """The recurrent state along trees of 64 nodes, in graphs, rows joining, leaving and padded."""
     assert_batched_greedy_equals_single(*pairs["qwen3_next"], max_running=4, modes=[("ddtree", 64)])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_captured_padded_first_chunk_writes_what_an_eager_chunk_of_its_own_size_writes(pairs, family):
+    """The prefill graph (a 9-token prompt at a bucket of 16, Triton kernels) against the eager prefill."""
+    assert_padded_first_chunk_writes_what_its_own_size_writes(*pairs[family])

@@ -26,10 +26,8 @@ import torch
 from specdeploy.engine.budget import BudgetPolicy, measure_step_cost
 from specdeploy.engine.request import Step, StopRules, check_mode
 from specdeploy.engine.sampling import SamplingParams, UniformStream
-from specdeploy.engine.step import StepRunner
+from specdeploy.engine.step import DEFAULT_PREFILL_TOKENS, StepRunner
 from specdeploy.errors import SpecdeployError
-
-DEFAULT_PREFILL_TOKENS = 2048  # prompt tokens per iteration; one chunk of this size costs about one step
 
 
 @dataclass
@@ -96,11 +94,12 @@ class BatchEngine:
         cuda_graphs: bool = True,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         policy: BudgetPolicy | None = None,
-        pad_rows: bool | None = None,
+        fixed_shapes: bool | None = None,
     ) -> None:
         """`max_context`: positions (prompt + new tokens) a request may reach; `policy` picks each step's
-        DDTree budget (default: always `budget`, which then is the largest the policy may pick); `pad_rows`:
-        steps run on buckets of rows (StepRunner; default with CUDA graphs)."""
+        DDTree budget (default: always `budget`, which then is the largest the policy may pick); `fixed_shapes`:
+        steps run on buckets of rows, prompts' first chunks on buckets of tokens (StepRunner; default with
+        CUDA graphs)."""
         check_mode(mode, drafter is not None, budget)
         if max_running < 1:
             raise SpecdeployError(f"max running requests must be at least 1, got {max_running}")
@@ -117,9 +116,8 @@ class BatchEngine:
         self.waiting: deque[Request] = deque()
         self.prefilling: Request | None = None
         self.running: list[Request] = []  # the request in each row of the runner
-        self.runner = StepRunner(
-            target, self.drafter, mode, budget, rows=max_running, cuda_graphs=cuda_graphs, pad_rows=pad_rows
-        )
+        self.runner = StepRunner(target, self.drafter, mode, budget, rows=max_running, cuda_graphs=cuda_graphs,
+                                 fixed_shapes=fixed_shapes, prefill_tokens=prefill_tokens)  # fmt: skip
         if policy is not None and policy.drafting:
             self.runner.predict_acceptance(policy.drafting)
         self._budgets = policy.budgets if policy is not None else [budget]  # every budget a step may use

@@ -142,7 +142,7 @@ def measure_step_cost(runner: StepRunner, budgets: list[int], repeats: int = 3) 
     each (which captures its graphs). Each pass times every shape once, so a load that changes during the
     measurement weighs on every budget alike."""
     rows_measured = (
-        runner.row_buckets() if runner.pad_rows else sorted({*powers_of_two(runner.rows), runner.rows})
+        runner.row_buckets() if runner.fixed_shapes else sorted({*powers_of_two(runner.rows), runner.rows})
     )
     shapes = [(b, r, w) for b in budgets for r in rows_measured for w in cost_windows(runner)]
     synchronize = torch.cuda.synchronize if runner.device.type == "cuda" else lambda device: None

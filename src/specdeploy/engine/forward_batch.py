@@ -26,6 +26,9 @@ class ForwardBatch:
     # For recurrent layers, a tree: each new token's path from the first new token (its root), -1 padded,
     # [B, T, D]; its state is committed later (`TargetModel.commit_tree`). None: a chain, committed at once.
     tree_paths: torch.Tensor | None = None
+    # [B, T] bool, False for padding after a chain's real tokens (a prefill chunk run at a fixed size): padding
+    # writes only the scratch slot, and recurrent layers keep the state the real tokens left. None: all real.
+    valid: torch.Tensor | None = None
     rope: Rope | None = None  # set by the model once per forward
     shared: dict = field(default_factory=dict, repr=False)  # made by one layer, reused by the others
     _bias: dict = field(default_factory=dict, repr=False)

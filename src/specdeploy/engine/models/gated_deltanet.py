@@ -54,10 +54,17 @@ def path_conv(inputs: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor)
     return F.silu((taps.float() * kernel).sum(dim=2)).to(inputs.dtype)
 
 
-def keep_last_inputs(conv_state: torch.Tensor, inputs: torch.Tensor) -> None:
-    """conv_state [B, W-1, C] in place: the last W-1 of [conv_state | inputs [B, T, C]] (a chain committed)."""
+def keep_last_inputs(
+    conv_state: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor | None = None
+) -> None:
+    """conv_state [B, W-1, C] in place: the last W-1 of [conv_state | inputs [B, T, C]] (a chain committed);
+    with `valid` [B, T] (real tokens first, then padding), of [conv_state | the real inputs]."""
     history, tokens = conv_state.shape[1], inputs.shape[1]
-    if tokens >= history:
+    if valid is not None:  # real input j is column history + j of the join: the last W-1 start at column n
+        joined = torch.cat([conv_state, inputs], dim=1)
+        columns = valid.sum(dim=1, keepdim=True) + torch.arange(history, device=inputs.device)
+        conv_state.copy_(joined.gather(1, columns[..., None].expand(-1, -1, joined.shape[-1])))
+    elif tokens >= history:
         conv_state.copy_(inputs[:, tokens - history :])
     else:  # the old state's last W-1-T, then every new input: a join of W-1 rows (copy_ must not overlap)
         conv_state.copy_(torch.cat([conv_state[:, tokens:], inputs], dim=1))
@@ -140,6 +147,10 @@ class GatedDeltaNet(nn.Module):
             decay.copy_(-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))
             beta.copy_(b.sigmoid().float())
             conved.copy_(path_conv(torch.cat([conv_state, mixed], dim=1), windows, self.conv1d.weight))
+        if tree is None and batch.valid is not None:  # padding neither decays nor writes the state
+            real = batch.valid[..., None]
+            decay.mul_(real)
+            beta.mul_(real)
         q, k, v = recurrent.split(conved)
         if tree is None:
             if kernels is not None:  # one launch, the state advanced in place: on an H200 3-18x faster than
@@ -149,7 +160,7 @@ class GatedDeltaNet(nn.Module):
                 rule = chunked_rule if tokens >= CHUNK_SIZE else chain_rule
                 out, final = rule(rule_inputs(q, k, v, decay, beta), state)
                 state.copy_(final)
-            keep_last_inputs(conv_state, mixed)
+            keep_last_inputs(conv_state, mixed, batch.valid)
         elif kernels is not None:
             out = kernels.tree_rule(q, k, v, decay, beta, tree, state)
         else:
