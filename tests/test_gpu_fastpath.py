@@ -76,7 +76,10 @@ def test_cuda_graphs_replay_exactly_what_eager_runs(pairs, family, temperature):
     params = SamplingParams(temperature=temperature, max_new_tokens=40, ignore_eos=True, seed=3)
     for mode, budget in [("ar", None), ("dflash", None), ("ddtree", 6), ("ddtree", 32)]:
         graphed = Decoder(target, drafter if mode != "ar" else None, mode, budget)
-        eager = Decoder(target, drafter if mode != "ar" else None, mode, budget, cuda_graphs=False)
+        # the same shapes (prefill chunks padded as the graphs' are), run eagerly
+        eager = Decoder(
+            target, drafter if mode != "ar" else None, mode, budget, cuda_graphs=False, fixed_shapes=True
+        )
         a, b = graphed.generate(PROMPT, params), eager.generate(PROMPT, params)
         assert a.token_ids == b.token_ids and a.accept_lengths == b.accept_lengths, (mode, budget)
         assert graphed.runner.graphs.graphs, "nothing was captured"

@@ -60,11 +60,13 @@ class Decoder:
         mode: str = "ar",
         budget: int | None = None,
         cuda_graphs: bool = True,
+        fixed_shapes: bool | None = None,
     ) -> None:
+        """`fixed_shapes`: prompts' first chunks padded to buckets of tokens (StepRunner; default with CUDA
+        graphs)."""
         # The caches start small and grow to each request's prompt + new tokens, rounded up (`reserved_context`).
-        self.engine = BatchEngine(
-            target, drafter, mode, budget, max_running=1, max_context=1, cuda_graphs=cuda_graphs
-        )
+        self.engine = BatchEngine(target, drafter, mode, budget, max_running=1, max_context=1,
+                                  cuda_graphs=cuda_graphs, fixed_shapes=fixed_shapes)  # fmt: skip
 
     @property
     def runner(self) -> StepRunner:
