@@ -110,6 +110,7 @@ def assert_padded_first_chunk_writes_what_its_own_size_writes(target, drafter) -
     firsts = []
     for runner in runners:
         runner.reserve(64)
+        runner.capture([8])  # with CUDA graphs, the prefill's among them: what a server replays
         generator = torch.Generator().manual_seed(0)
         for _, tensor in cache_tensors(runner):
             noise = torch.randint(0, 50, tensor.shape, generator=generator)
@@ -123,6 +124,26 @@ def assert_padded_first_chunk_writes_what_its_own_size_writes(target, drafter) -
             dim = 1 if name.endswith("positions") else 2
             eager, padded = (t.narrow(dim, 0, scratch) for t in (eager, padded))
         torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_every_stage_captured_at_start_up_runs_under_inference_mode(pairs, monkeypatch):
+    """Graphs are recorded as their stages run then: outside inference mode (the drafter's parameters require
+    grad) a DeepSeek-V3 prefill copied a CPU scalar to the GPU, which an H200 capture refused."""
+    target, drafter = pairs["deepseek_v3"]
+    runner = StepRunner(target, drafter, "ddtree", 8, rows=2, fixed_shapes=True)
+    runner.reserve(64)
+    modes = []
+
+    def record(key, stage, protect=(), neutral=None):
+        modes.append((key[0], torch.is_inference_mode_enabled()))
+        stage()
+
+    monkeypatch.setattr(runner.graphs, "enabled", True)
+    monkeypatch.setattr(runner.graphs, "run", record)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    runner.capture([8])
+    assert {"prefill", "draft", "verify"} <= {stage for stage, _ in modes}
+    assert all(inference for _, inference in modes), [m for m in modes if not m[1]]
 
 
 def test_prefill_buckets_cover_every_chunk_with_bounded_padding():

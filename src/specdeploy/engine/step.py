@@ -332,6 +332,8 @@ class StepRunner:
         )
         self._stages(rows, size, True, window, window, catch_up, untimed, predict and size > 0)
 
+    @torch.inference_mode()  # as the stages run when replayed: under autograd, ops decompose differently (a
+    # CPU scalar copied to the GPU, which a capture refuses; other kernels, which round differently)
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, and the
         prefill's for every chunk bucket, so that no request pays for a capture; returns how many graphs were
