@@ -516,29 +516,6 @@ def test_when_drafting_does_not_pay_the_policy_takes_ar_steps():
     assert policy.estimate(16) < 1.05 and policy.describe()["predicted_accept_length_by_budget"][0] == 1.0
 
 
-def test_exploring_takes_at_most_its_share_of_the_time():
-    """Random weights at 64 running requests: AR steps are best and a 64-node tree's step costs six of them.
-    Exploring every 20th step whatever it cost took 8.6% of the time here; bounded by time, exploring takes
-    about a twentieth of it."""
-    from specdeploy.engine.budget import BudgetPolicy
-
-    budgets = [0, 1, 2, 4, 8, 16, 32, 64]
-    tree = {b: 1 + 3.0 * (1 - 0.9**b) for b in budgets if b}  # a confident drafter that is wrong
-    accept = {0: 1.0, **{b: 1.01 for b in tree}}
-
-    def seconds(running: int, budget: int) -> float:
-        return 15e-3 + 2e-5 * running * (budget + 1) + (2e-3 if budget else 0)
-
-    running = 64
-    policy = BudgetPolicy(budgets, step_cost(seconds, budgets, [1, 64]), explore_every=20)
-    ran = simulate(policy, running, accept, seconds, tree, steps=600)[100:]  # after the first drafting steps
-    spent = sum(seconds(running, b) for b in ran)
-    exploring = sum(seconds(running, b) for b in ran if b != 0)
-    assert exploring / spent <= 0.07
-    auto = sum(running * accept[b] for b in ran) / spent
-    assert auto >= 0.93 * running / seconds(running, 0)
-
-
 def test_one_pessimistic_first_tree_does_not_start_a_run_of_ar_steps():
     """A request's first tree can predict next to nothing; AR steps predict nothing, so trusting that one
     tree would run AR steps until an exploring step drafts again. The first few steps draft, and the policy

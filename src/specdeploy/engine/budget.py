@@ -35,15 +35,10 @@ bucket takes the median correction of those that were there). An iteration also
 spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
 overhead, measured from a step's end to the next one's start, weighs most on the shortest steps and grows with
 what the step committed, so it is kept per budget and row bucket of the step before it (the median over all
-steps while one is little measured) and added to that budget's step time. Now and then a choice measures
-another budget: the best one not yet measured in its row bucket, else, of those the start-up cost alone rates
-close to the best, the one measured longest ago, so no correction goes stale (and a run of AR steps, which
-predicts nothing, is broken by a drafting step now and then). Exploring takes at most one step in
-`explore_every`, and at most that share of the time: a step explores once the steps chosen since the last
-exploring one add up to `explore_every` times its estimated time, so a budget whose step costs ten chosen ones
-is explored ten times less often (where AR steps are best, exploring trees of up to 64 nodes at 64 requests
-costs many AR steps each: Qwen3-8B's shape with random weights on an H200 gave auto 0.79x AR's throughput at
-64 requests with 5% of its steps drafting). The medians behind
+steps while one is little measured) and added to that budget's step time. Every `explore_every`-th choice
+measures another budget: the best one not yet measured in its row bucket, else, of those the start-up cost
+alone rates close to the best, the one measured longest ago, so no correction goes stale (and a run of AR steps, which predicts nothing, is broken by a drafting step now
+and then). The medians behind
 a choice are recomputed every REFRESH_EVERY observed steps, not at each one: at each one they took a tenth
 of a small model's step on a GPU.
 """
@@ -202,8 +197,6 @@ class BudgetPolicy:
         # running means over drafting steps of the accepted draft tokens realised and predicted (at the budget run)
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
         self.choices = 0
-        self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
-        self._since_explored = 0  # choices since the last exploring one
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
         # per (budget, row bucket): its recent steps' measured over predicted time, the load at their time taken out
         self.cost_ratios: dict[tuple[int, int], deque[float]] = defaultdict(lambda: deque(maxlen=COST_WINDOW))
@@ -221,7 +214,6 @@ class BudgetPolicy:
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, int | None], list[int]] = {}  # (running, window) -> ranking
-        self._seconds_cache: dict[tuple[int, int, int | None], float] = {}  # (running, budget, window) -> s
         self._since_refresh = 0  # steps observed since the caches above were last cleared
 
     def calibration(self) -> float:
@@ -316,24 +308,12 @@ class BudgetPolicy:
         """Tokens per second at `budget`, its step at the current load plus the overhead of an iteration
         (`load`, `overhead`: when already known; `corrected`: the start-up cost with the budget's correction,
         else as measured at start-up)."""
-        seconds = self.iteration_seconds(running, budget, window, load, overhead, corrected)
-        return running * self.estimate(budget) / max(seconds, 1e-9)
-
-    def iteration_seconds(
-        self,
-        running: int,
-        budget: int,
-        window: int | None = None,
-        load: float | None = None,
-        overhead: float | None = None,
-        corrected: bool = True,
-    ) -> float:
-        """Estimated seconds of an iteration whose step runs `budget`: `throughput`'s denominator."""
         load = load if load is not None else self.current_load()
         bucket = self.cost.rows_bucket(running)
         overhead = overhead if overhead is not None else self.overhead(budget, bucket)
         correction = self.cost_ratio(budget, bucket) if corrected else 1.0
-        return self.loaded(self.step_seconds(running, budget, window), correction, load) + overhead
+        seconds = self.loaded(self.step_seconds(running, budget, window), correction, load) + overhead
+        return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def ranking(self, running: int, window: int | None = None) -> list[int]:
         """The budgets by estimated tokens per second, best first (kept until the next refresh)."""
@@ -350,24 +330,10 @@ class BudgetPolicy:
         ranked = self.ranking(running, window)
         self.choices += 1
         choice = ranked[0]
-        if len(ranked) > 1:
-            self._since_explored += 1
-            # what this choice costs, before any exploring one replaces it: the time exploring may take
-            self._explore_credit += self._chosen_seconds(running, choice, window) / self.explore_every
-            if self._since_explored >= self.explore_every:
-                explored = self._explored(running, window, ranked)
-                if self._explore_credit >= self.iteration_seconds(running, explored, window):
-                    choice = explored
-                    self._explore_credit, self._since_explored = 0.0, 0
+        if len(ranked) > 1 and self.choices % self.explore_every == 0:
+            choice = self._explored(running, window, ranked)
         self.last_choice[running] = choice
         return choice
-
-    def _chosen_seconds(self, running: int, budget: int, window: int | None) -> float:
-        """`iteration_seconds` of a chosen budget, kept until the next refresh (choose reads it every step)."""
-        key = (running, budget, window)
-        if key not in self._seconds_cache:
-            self._seconds_cache[key] = self.iteration_seconds(running, budget, window)
-        return self._seconds_cache[key]
 
     def _explored(self, running: int, window: int | None, ranked: list[int]) -> int:
         """The budget an exploring step measures: the best one whose cost in this row bucket is not yet
@@ -439,7 +405,6 @@ class BudgetPolicy:
         self._corrections_cache.clear()
         self._load_cache = None
         self._ranking_cache.clear()
-        self._seconds_cache.clear()
         self._since_refresh = 0
 
     @staticmethod
