@@ -128,6 +128,7 @@ def test_loads_checkpoints_written_by_dflash(tmp_path: Path) -> None:
             param.normal_(0.0, 0.3)
     oracle.save_pretrained(str(tmp_path))
     drafter = load_drafter(tmp_path)
+    assert not any(p.requires_grad for p in drafter.parameters())  # frozen for inference, as targets are
     assert drafter.rotary.attention_scaling == pytest.approx(oracle.rotary_emb.attention_scaling)
     torch.testing.assert_close(drafter.rotary.inv_freq, oracle.rotary_emb.inv_freq)
     context, noise = torch.randn(1, 5, 2 * HIDDEN), torch.randn(1, BLOCK, HIDDEN)

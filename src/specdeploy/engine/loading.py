@@ -296,7 +296,9 @@ def load_drafter(
     device = torch.device(device)
     state = read_weights(path, expected_shapes(drafter), device, dtype_of=lambda name: dtype)
     load_checkpoint_state(drafter, state)
-    return drafter.to(device).eval()
+    # frozen like the target: outside inference mode (a CUDA graph's capture, say) autograd would otherwise
+    # decompose the drafter's operations differently
+    return drafter.to(device).eval().requires_grad_(False)
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> None:
