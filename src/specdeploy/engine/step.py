@@ -20,7 +20,9 @@ batch sizes) so that a few graphs serve every running count; a padded row is dea
 only the scratch slot and commits nothing, so a free row, or the row being prefilled, is untouched. A prompt's
 first chunk is padded alike to a bucket of tokens (`prefill_buckets`) and replayed as a graph: padding writes
 only the scratch slot and leaves recurrent state alone (`ForwardBatch.valid`). An eager prefill costs a launch
-per operation: 5 ms for a 90-token prompt of the 7M-parameter tiny-code pair on an H200, 0.24 ms captured.
+per operation: on an H200 `benchmarks/zoo_pair_speed.py` gave 6.1-6.5 ms of prefill per request for tiny-code
+and 16.6-18.0 for tiny-hybrid eagerly (e069240), 1.05-1.21 and 2.09-2.23 captured (8a8314d)
+(`benchmarks/results/h200-2026-12-04-prefill-graphs`).
 
 Targets with recurrent layers take the same step: their layers follow each token's root path on the device
 and the commit replays each row's accepted path (`recurrent_state`), so they batch and capture alike.
@@ -209,11 +211,10 @@ class StepRunner:
             bonus=zeros.clone(),
         )
         self.out = torch.zeros(rows, depth + 2, dtype=torch.long, device=self.device)
-        self.prefill_count = torch.zeros(
-            (), dtype=torch.long, device=self.device
-        )  # a fixed-shape chunk's tokens
+        # a fixed-shape prefill chunk's real tokens, and its last token's final hidden state
+        self.prefill_count = torch.zeros((), dtype=torch.long, device=self.device)
         hidden = self.target.config.hidden_size
-        self.prefill_last = torch.zeros(1, hidden, dtype=self.dtype, device=self.device)  # its last token's
+        self.prefill_last = torch.zeros(1, hidden, dtype=self.dtype, device=self.device)
         self.path_index = torch.arange(depth + 1, device=self.device)
         self.sampling = RowSampling.of([SamplingParams()] * rows, self.device)
         self.uniforms = torch.zeros(rows, len(UniformStream.PURPOSES), 0, device=self.device)
