@@ -17,9 +17,34 @@ to the model dtype); the sum over a token's experts runs in float32 and rounds o
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
+
+
+class Tiles(NamedTuple):
+    """One grouped-GEMM kernel's launch shape: column tile, reduction tile, warps, pipeline stages."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+class MoeTiling(NamedTuple):
+    """Rows per block of the plan, and each of the two kernels' tiles."""
+
+    block_m: int
+    gate_up: Tiles
+    down: Tiles
+
+
+def default_tiling(pairs: int, total_experts: int) -> MoeTiling:
+    """Rows per expert are a few in decode and tree verify (16-row blocks), many in prefill (64)."""
+    block_m = 16 if pairs <= 16 * total_experts else 64
+    return MoeTiling(block_m, Tiles(64, 64, 4, 3), Tiles(64, 64, 4, 3))
 
 
 @triton.jit
@@ -244,9 +269,11 @@ def fused_moe(
     indices: torch.Tensor,
     shared13: torch.Tensor | None = None,
     shared2: torch.Tensor | None = None,
+    tiling: MoeTiling | None = None,
 ) -> torch.Tensor:
     """sum_k weights[n, k] * expert_{indices[n, k]}(x[n]) (+ the shared experts' SwiGLU) for x [N, H],
-    w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], shared13 [2Is, H], shared2 [H, Is] -> [N, H]."""
+    w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], shared13 [2Is, H], shared2 [H, Is] -> [N, H].
+    `tiling` overrides `default_tiling` (benchmarks/moe_tile_sweep.py measures the choices)."""
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = indices.shape[1]
@@ -258,8 +285,7 @@ def fused_moe(
     routed_pairs = tokens * top_k
     pairs = routed_pairs + tokens * has_shared
     total = num_experts + int(has_shared)
-    # rows per expert: a few in decode and tree verify, many in prefill
-    block_m = 16 if pairs <= 16 * total else 64
+    block_m, gate_up, down = tiling or default_tiling(pairs, total)
     if pairs <= PLAN_PAIRS:
         sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
     else:
@@ -272,18 +298,19 @@ def fused_moe(
     widest = max(inter, shared_inter)
     act = torch.empty(sorted_pairs.numel(), widest, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32  # float32 stays exact: Triton's default float32 dot rounds to TF32
-    block_n, block_k = 64, 64
-    _gate_up_kernel[(block_expert.numel(), triton.cdiv(widest, block_n))](
+    _gate_up_kernel[(block_expert.numel(), triton.cdiv(widest, gate_up.block_n))](
         x, w13, shared13, sorted_pairs, block_expert, act,
         pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total, w13.stride(0),
         act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=4, num_stages=3,
+        BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee,
+        num_warps=gate_up.warps, num_stages=gate_up.stages,
     )  # fmt: skip
     per_pair = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
+    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, down.block_n))](
         act, w2, shared2, sorted_pairs, block_expert, weights, per_pair,
         pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total, w2.stride(0), act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=4, num_stages=3,
+        BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee,
+        num_warps=down.warps, num_stages=down.stages,
     )  # fmt: skip
     out = torch.empty_like(x)
     _sum_pairs_kernel[(tokens, triton.cdiv(hidden, 1024))](
