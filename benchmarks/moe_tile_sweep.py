@@ -149,7 +149,7 @@ def main() -> None:
             started = time.perf_counter()
             workload = Workload(target, tokens, copies, generator)
             pairs = tokens * (workload.top_k + 1)
-            default = default_tiling(pairs, experts + 1)
+            default = default_tiling(pairs, experts + 1, target["hidden_size"])
             roofline_ms = workload.bytes / bandwidth * 1e3
             default_ms = graph_ms(workload, default)
             gate_rows = sweep(workload, "gate_up", default)

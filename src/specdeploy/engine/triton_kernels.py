@@ -551,6 +551,7 @@ def _masked_attention_kernel(
     tokens, rows, window, kv_heads, split_len, scale,
     D_MAIN: tl.constexpr, D_EXTRA: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
+    KEYS_ARE_VALUES: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0)
     b = bh // kv_heads
@@ -598,8 +599,11 @@ def _masked_attention_kernel(
         p = tl.exp(scores - safe_max[:, None])
         alpha = tl.exp(running_max - safe_max)
         running_sum = running_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * v_batch + col[:, None] * v_slot + h * v_head + dv[None, :],
-                    mask=col_ok[:, None], other=0.0)  # fmt: skip
+        if KEYS_ARE_VALUES:  # MLA: the values are the keys' latent part, already loaded
+            v = k
+        else:
+            v = tl.load(v_ptr + b * v_batch + col[:, None] * v_slot + h * v_head + dv[None, :],
+                        mask=col_ok[:, None], other=0.0)  # fmt: skip
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -694,6 +698,10 @@ def masked_attention(
         maxes = torch.empty(splits, batch * kv_heads, rows, device=q.device)
         sums = torch.empty(splits, batch * kv_heads, rows, device=q.device)
     vis_batch = visible.stride(0) if visible.shape[0] > 1 else 0
+    # MLA attends over the latent with itself as values: one load of each key block serves both products
+    keys_are_values = (
+        value_dim == main and values.data_ptr() == keys.data_ptr() and values.stride() == keys.stride()
+    )
     _masked_attention_kernel[(batch * kv_heads, tiles, splits)](
         q, keys, values, visible, parts, maxes, sums,
         keys.stride(0), keys.stride(1), keys.stride(2),
@@ -702,6 +710,7 @@ def masked_attention(
         tokens, rows, window, kv_heads, split_len, scale,
         D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
+        KEYS_ARE_VALUES=keys_are_values,
         num_warps=4,
         num_stages=2 if wide or broad else 3,
     )  # fmt: skip

@@ -9,7 +9,8 @@ and tree verify), and experts no token picked are never read. Shared experts are
 token picks with weight 1, read from their own tensors. Pairs are numbered routed first (token * k + slot),
 then one shared pair per token (N * k + token). Everything stays on the device (the block plan is one
 program sorting the pairs, or torch ops of fixed shapes for large prefills), so the step remains capturable
-in a CUDA graph.
+in a CUDA graph. A single token (batch-1 decode) needs no plan: its experts are distinct, so each pair is
+its own block and the kernels read its expert from the routing.
 
 Rounding follows the torch path in `moe.Experts` (projection outputs, SiLU and the weighted product round
 to the model dtype); the sum over a token's experts runs in float32 and rounds once.
@@ -41,15 +42,41 @@ class MoeTiling(NamedTuple):
     down: Tiles
 
 
-def default_tiling(pairs: int, total_experts: int) -> MoeTiling:
-    """Rows per expert are a few in decode and tree verify (16-row blocks), many in prefill (64)."""
-    block_m = 16 if pairs <= 16 * total_experts else 64
-    return MoeTiling(block_m, Tiles(64, 64, 4, 3), Tiles(64, 64, 4, 3))
+def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
+    """Rows per expert are a few in decode and tree verify (16-row blocks), many in prefill (64). The tiles are
+    what `benchmarks/moe_tile_sweep.py` found best or within 2% of it on one H200 for the widths of
+    mla-moe-16b (hidden 2048, experts of 1408) and Kimi K2.6 (7168, 2048) at 1 to 257 tokens
+    (`benchmarks/results/h200-2026-12-04-moe/moe_sweep.json`): 128-deep reductions for few rows, and 128-wide
+    down-projection tiles for Kimi's wide hidden state."""
+    wide = 128 if hidden >= 4096 else 64
+    if pairs <= 16 * total_experts:
+        return MoeTiling(16, Tiles(64, 128, 4, 3), Tiles(wide, 128, 4, 3))
+    return MoeTiling(64, Tiles(64, 64, 4, 3), Tiles(128, 64, 4, 3))
 
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
     return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _block_rows(
+    block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts,
+    BLOCK_M: tl.constexpr, DIRECT: tl.constexpr,
+):  # fmt: skip
+    """(expert, slots, pairs) of row block `block`: from the block plan, or, for one token (DIRECT), pair
+    `block` alone in its block (a token's experts are distinct, so no expert is read twice), its expert
+    read from the routing and the shared expert last."""
+    slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    if DIRECT:
+        routed = block < routed_pairs
+        expert = tl.load(indices_ptr + tl.where(routed, block, 0)).to(tl.int32)
+        expert = tl.where(routed, expert, num_experts)
+        pair = tl.where(tl.arange(0, BLOCK_M) == 0, block, pairs)
+    else:
+        expert = tl.load(block_expert_ptr + block)
+        pair = tl.load(sorted_ptr + slot)
+    return expert, slot, pair
 
 
 @triton.jit
@@ -59,12 +86,16 @@ def _gate_up_kernel(
     shared13_ptr,  # [2Is, H] shared experts' gate|up (unused without)
     sorted_ptr,  # [BLOCKS * BM] pair index in expert order; >= pairs marks padding
     block_expert_ptr,  # [BLOCKS] expert of each row block; >= experts (+1 with shared) marks unused blocks
+    indices_ptr,  # [N * k] routed experts of each routed pair (read in DIRECT mode only)
     out_ptr,  # [BLOCKS * BM, max(I, Is)] SiLU(gate) * up of each sorted row
     pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block)
+    expert, slot, pair = _block_rows(
+        block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts, BLOCK_M, DIRECT
+    )
     if expert >= total_experts:
         return
     if expert < num_experts:
@@ -77,8 +108,6 @@ def _gate_up_kernel(
     if tl.program_id(1) * BLOCK_N >= width:
         return
     dtype = out_ptr.dtype.element_ty
-    slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + slot)
     row_ok = pair < pairs
     token = tl.where(pair < routed_pairs, pair // top_k, pair - routed_pairs)
     token = tl.where(row_ok, token, 0).to(tl.int64)
@@ -114,13 +143,17 @@ def _down_kernel(
     shared2_ptr,  # [H, Is] shared experts' down
     sorted_ptr,
     block_expert_ptr,
+    indices_ptr,
     weight_ptr,  # [N, k] routing weight of each routed pair (shared pairs weigh 1)
     out_ptr,  # [pairs, H] float32: each pair's weighted expert output
     pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block)
+    expert, slot, pair = _block_rows(
+        block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts, BLOCK_M, DIRECT
+    )
     if expert >= total_experts:
         return
     if expert < num_experts:
@@ -129,8 +162,6 @@ def _down_kernel(
     else:
         w = shared2_ptr
         width = shared_inter
-    slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + slot)
     row_ok = pair < pairs
     col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
@@ -285,31 +316,38 @@ def fused_moe(
     routed_pairs = tokens * top_k
     pairs = routed_pairs + tokens * has_shared
     total = num_experts + int(has_shared)
-    block_m, gate_up, down = tiling or default_tiling(pairs, total)
-    if pairs <= PLAN_PAIRS:
+    block_m, gate_up, down = tiling or default_tiling(pairs, total, hidden)
+    indices = indices.contiguous()
+    direct = tokens == 1  # each pair its own block: no plan to build (one launch fewer per decode step)
+    if direct:
+        sorted_pairs = block_expert = indices  # unread
+        blocks = pairs
+    elif pairs <= PLAN_PAIRS:
         sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
+        blocks = block_expert.numel()
     else:
         picks = indices.flatten()
         if has_shared:
             picks = torch.cat([picks, picks.new_full((tokens,), num_experts)])
         sorted_pairs, block_expert = block_plan(picks, total, block_m)
+        blocks = block_expert.numel()
     x = x.contiguous()
     weights = weights.contiguous()
     widest = max(inter, shared_inter)
-    act = torch.empty(sorted_pairs.numel(), widest, dtype=x.dtype, device=x.device)
+    act = torch.empty(blocks * block_m, widest, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32  # float32 stays exact: Triton's default float32 dot rounds to TF32
-    _gate_up_kernel[(block_expert.numel(), triton.cdiv(widest, gate_up.block_n))](
-        x, w13, shared13, sorted_pairs, block_expert, act,
+    _gate_up_kernel[(blocks, triton.cdiv(widest, gate_up.block_n))](
+        x, w13, shared13, sorted_pairs, block_expert, indices, act,
         pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total, w13.stride(0),
         act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee,
+        BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee, DIRECT=direct,
         num_warps=gate_up.warps, num_stages=gate_up.stages,
     )  # fmt: skip
     per_pair = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, down.block_n))](
-        act, w2, shared2, sorted_pairs, block_expert, weights, per_pair,
+    _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
+        act, w2, shared2, sorted_pairs, block_expert, indices, weights, per_pair,
         pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total, w2.stride(0), act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee,
+        BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee, DIRECT=direct,
         num_warps=down.warps, num_stages=down.stages,
     )  # fmt: skip
     out = torch.empty_like(x)
