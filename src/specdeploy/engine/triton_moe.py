@@ -47,9 +47,10 @@ def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
     what `benchmarks/moe_tile_sweep.py` found best or within 2% of it on one H200 for the widths of
     mla-moe-16b (hidden 2048, experts of 1408) and Kimi K2.6 (7168, 2048) at 1 to 257 tokens
     (`benchmarks/results/h200-2026-12-04-moe/moe_sweep.json`): 128-deep reductions for few rows, and 128-wide
-    down-projection tiles for Kimi's wide hidden state."""
-    wide = 128 if hidden >= 4096 else 64
+    down-projection tiles for Kimi's wide hidden state once there are more pairs than experts (at 1 and 17
+    tokens 64-wide ones were as fast or faster)."""
     if pairs <= 16 * total_experts:
+        wide = 128 if hidden >= 4096 and pairs >= total_experts else 64
         return MoeTiling(16, Tiles(64, 128, 4, 3), Tiles(wide, 128, 4, 3))
     return MoeTiling(64, Tiles(64, 64, 4, 3), Tiles(128, 64, 4, 3))
 
