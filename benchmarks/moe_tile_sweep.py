@@ -3,7 +3,7 @@
 For each shape's expert widths (random bf16 weights, several layers' copies so that no call finds the last
 one's experts in L2) and each token count, times `fused_moe` replayed from a CUDA graph with the default
 tiling, then sweeps the gate|up kernel's tiles (down at the default), then the down kernel's (gate|up at its
-best), and prints each against the bytes the call had to read (the experts its tokens routed to, shared
+best), then the plan's rows per block with those tiles, and prints each against the bytes the call had to read (the experts its tokens routed to, shared
 experts, activations) at the copy bandwidth measured in the same run. Writes JSON as it goes.
 
     python benchmarks/moe_tile_sweep.py --shapes mla-moe-16b,kimi-like --tokens 1,17,65,257 --out sweep.json
@@ -22,6 +22,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cuda_timing import copy_bandwidth, graph_replay_ms  # noqa: E402
 
 from specdeploy.engine.triton_moe import MoeTiling, Tiles, default_tiling, fused_moe  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
@@ -29,21 +32,8 @@ from specdeploy.perf.shapes import get_shape  # noqa: E402
 # (block_n, block_k) at 4 warps and 3 stages
 TILE_SHAPES = list(itertools.product((16, 32, 64, 128), (64, 128, 256)))
 PIPELINES = ((2, 4), (4, 5), (8, 3), (8, 5))  # (warps, stages) then tried on the best tile shape
+BLOCK_ROWS = (16, 32, 64)  # rows per block of the plan, tried last with the tuned tiles
 WEIGHT_BYTES_PER_SET = 8 << 30  # copies of a layer's experts, up to this many bytes in all
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 4 GiB device-to-device copy (read + write)."""
-    source = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
-    dest = torch.empty_like(source)
-    dest.copy_(source)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dest.copy_(source)
-    end.record()
-    end.synchronize()
-    return 2 * (4 << 30) * 10 / (start.elapsed_time(end) / 1e3)
 
 
 class Workload:
@@ -81,21 +71,9 @@ class Workload:
             fused_moe(self.x, w13, w2, self.weights[i], self.indices[i], s13, s2, tiling)
 
 
-def graph_ms(workload: Workload, tiling: MoeTiling | None, replays: int = 20) -> float:
+def graph_ms(workload: Workload, tiling: MoeTiling | None) -> float:
     """Milliseconds per fused_moe call, replayed from a CUDA graph of one call per layer copy."""
-    workload.call(tiling)  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        workload.call(tiling)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / replays / len(workload.layers)
+    return graph_replay_ms(lambda: workload.call(tiling)) / len(workload.layers)
 
 
 def sweep(workload: Workload, which: str, fixed: MoeTiling) -> list[dict]:
@@ -157,6 +135,15 @@ def main() -> None:
             down_rows = sweep(workload, "down", default._replace(gate_up=gate_best))
             tuned = default._replace(gate_up=gate_best, down=best(down_rows))
             tuned_ms = graph_ms(workload, tuned)
+            # rows per block with the tuned tiles: fewer pad the few tokens of each expert less, more read an
+            # expert's weights fewer times when many tokens route to it
+            by_block_m = {tuned.block_m: tuned_ms}
+            for block_m in BLOCK_ROWS:
+                if block_m not in by_block_m:
+                    try:
+                        by_block_m[block_m] = graph_ms(workload, tuned._replace(block_m=block_m))
+                    except Exception as error:  # too large for shared memory: not a choice
+                        by_block_m[block_m] = str(error).splitlines()[0][:120]
             entry = {
                 "block_m": default.block_m,
                 "expert_union": workload.union,
@@ -167,6 +154,7 @@ def main() -> None:
                 "tuned": [list(tuned.gate_up), list(tuned.down)],
                 "tuned_ms": tuned_ms,
                 "tuned_fraction": roofline_ms / tuned_ms,
+                "tuned_ms_by_block_m": by_block_m,
                 "gate_up": gate_rows,
                 "down": down_rows,
                 "seconds": time.perf_counter() - started,
@@ -176,7 +164,11 @@ def main() -> None:
             print(
                 f"{name} tokens={tokens}: union {workload.union:.1%}, roofline {roofline_ms:.3f} ms, "
                 f"default {default_ms:.3f} ms ({roofline_ms / default_ms:.0%}), tuned {tuned_ms:.3f} ms "
-                f"({roofline_ms / tuned_ms:.0%}) with gate_up {tuple(tuned.gate_up)} down {tuple(tuned.down)}",
+                f"({roofline_ms / tuned_ms:.0%}) with gate_up {tuple(tuned.gate_up)} down {tuple(tuned.down)}; "
+                "by rows per block "
+                + ", ".join(
+                    f"{m}: {v:.3f}" if isinstance(v, float) else f"{m}: {v}" for m, v in by_block_m.items()
+                ),
                 flush=True,
             )
             del workload

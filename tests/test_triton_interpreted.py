@@ -88,6 +88,10 @@ CHECKS = textwrap.dedent(
         batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(b, tokens, dtype=torch.long),
                              visible, window + 64)
         close(tk.masked_attention(q, keys, values, visible, 0.1), attend_folded(q, keys, values, batch, 0.1))
+        if latent:  # other tiles than the default: more query rows per program, fewer keys, one split
+            for tiles in (tk.AttentionTiles(32, 16, 8, 3), tk.AttentionTiles(64, 64, 4, 2)):
+                close(tk.masked_attention(q, keys, values, visible, 0.1, tiles),
+                      attend_folded(q, keys, values, batch, 0.1))
 
     # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)

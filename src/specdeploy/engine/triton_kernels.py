@@ -7,6 +7,8 @@ bf16 values up to float32 arithmetic order.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -659,29 +661,45 @@ def masked_attention_fits(width: int, value_dim: int) -> bool:
     return width >= 16 and value_dim >= 16 and extra_fits and not value_dim & (value_dim - 1)
 
 
+class AttentionTiles(NamedTuple):
+    """The masked-attention kernel's launch shape: query rows and keys per tile, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+def default_attention_tiles(rows: int, width: int) -> AttentionTiles:
+    """Query rows per program: 16 for one query row block or MLA's 576-wide latent head (a 64-row tile would
+    not fit in registers and shared memory), 32 for 256-wide heads (64-row tiles in 3 stages need 232 KiB of
+    shared memory, the H200 has 227), else 64."""
+    wide = width > 256
+    broad = width == 256
+    block_m = 16 if rows <= 16 or wide else 32 if broad else 64
+    return AttentionTiles(block_m, 32 if wide or broad else 64, 4, 2 if wide or broad else 3)
+
+
 def masked_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     visible: torch.Tensor,
     scale: float,
+    tiles: AttentionTiles | None = None,
 ) -> torch.Tensor:
     """Attention of folded queries q [B, Hkv, G, T, D] over the cache window keys [B, S, Hkv, D] and values
     [B, S, Hkv, Dv] where visible [B|1, T, S] allows -> [B, T, Hkv * G * Dv]. Long windows are split over
-    several programs (flash-decoding) so that one query still keeps the GPU busy."""
+    several programs (flash-decoding) so that one query still keeps the GPU busy. `tiles` overrides
+    `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices)."""
     batch, kv_heads, group, tokens, width = q.shape
     window, value_dim = keys.shape[1], values.shape[-1]
     rows = group * tokens
     main = 1 << (width.bit_length() - 1)  # MLA's 576 = 512 + 64: two power-of-two parts
     extra = width - main
-    wide = width > 256  # MLA's latent head: a 64-row query tile would not fit in registers and shared memory
-    broad = (
-        width == 256
-    )  # Qwen3.5/3.6 heads: 64-row tiles in 3 stages need 232 KiB of shared memory (H200 has 227)
-    block_m = 16 if rows <= 16 or wide else 32 if broad else 64
-    block_n = 32 if wide or broad else 64
-    tiles = triton.cdiv(rows, block_m)
-    programs = batch * kv_heads * tiles
+    block_m, block_n, warps, stages = tiles or default_attention_tiles(rows, width)
+    row_tiles = triton.cdiv(rows, block_m)
+    programs = batch * kv_heads * row_tiles
     splits = max(1, min(triton.cdiv(264, programs), triton.cdiv(window, block_n)))
     split_len = triton.cdiv(triton.cdiv(window, splits), block_n) * block_n
     splits = triton.cdiv(window, split_len)
@@ -702,7 +720,7 @@ def masked_attention(
     keys_are_values = (
         value_dim == main and values.data_ptr() == keys.data_ptr() and values.stride() == keys.stride()
     )
-    _masked_attention_kernel[(batch * kv_heads, tiles, splits)](
+    _masked_attention_kernel[(batch * kv_heads, row_tiles, splits)](
         q, keys, values, visible, parts, maxes, sums,
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
@@ -710,9 +728,7 @@ def masked_attention(
         tokens, rows, window, kv_heads, split_len, scale,
         D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
-        KEYS_ARE_VALUES=keys_are_values,
-        num_warps=4,
-        num_stages=2 if wide or broad else 3,
+        KEYS_ARE_VALUES=keys_are_values, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if not single:
         _combine_splits_kernel[(batch * kv_heads * rows,)](
