@@ -97,7 +97,7 @@ CHECKS = textwrap.dedent(
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)
     from specdeploy.engine.models.layers import SwiGLU
     from specdeploy.engine.models.moe import Experts
-    from specdeploy.engine.triton_moe import block_plan, fused_moe, kernel_plan
+    from specdeploy.engine.triton_moe import MoeTiling, Tiles, block_plan, fused_moe, kernel_plan
 
     # the one-program block plan equals the torch one (with and without a shared expert, 16- and 64-row blocks)
     for tokens, experts, k, shared, block_m in ((1, 8, 2, 1, 16), (17, 384, 8, 1, 16), (300, 16, 4, 0, 16),
@@ -119,8 +119,11 @@ CHECKS = textwrap.dedent(
         indices = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
         shared_weights = (shared.gate_up_proj.weight, shared.down_proj.weight) if shared else ()
         with torch.no_grad():
-            close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights),
-                  block(x, weights, indices, shared))
+            want = block(x, weights, indices, shared)
+            close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
+            # tiles other than the default (as benchmarks/moe_tile_sweep.py tries them) give the same sums
+            tiling = MoeTiling(32, Tiles(16, 128, 2, 4), Tiles(32, 16, 8, 3))
+            close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights, tiling=tiling), want)
 
     # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
     from specdeploy.engine.models.rope import apply_rope
