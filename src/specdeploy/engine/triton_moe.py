@@ -45,10 +45,11 @@ class MoeTiling(NamedTuple):
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
     """Rows per expert are a few in decode and tree verify (16-row blocks), many in prefill (64). The tiles are
     what `benchmarks/moe_tile_sweep.py` found best or within 2% of it on one H200 for the widths of
-    mla-moe-16b (hidden 2048, experts of 1408) and Kimi K2.6 (7168, 2048) at 1 to 257 tokens
+    mla-moe-16b (hidden 2048, experts of 1408) and Kimi K2.6 (7168, 2048) at 17 to 257 tokens
     (`benchmarks/results/h200-2026-12-04-moe/moe_sweep.json`): 128-deep reductions for few rows, and 128-wide
     down-projection tiles for Kimi's wide hidden state once there are more pairs than experts (at 1 and 17
-    tokens 64-wide ones were as fast or faster)."""
+    tokens 64-wide ones were as fast or faster). At one token no gate|up tile came within 2% of the best on
+    both shapes (128-wide was best for mla-moe-16b, 32-wide for Kimi); this one is 3-6% behind either."""
     if pairs <= 16 * total_experts:
         wide = 128 if hidden >= 4096 and pairs >= total_experts else 64
         return MoeTiling(16, Tiles(64, 128, 4, 3), Tiles(wide, 128, 4, 3))
