@@ -5,6 +5,7 @@ prints the kernels by total device time per step, plus two ceilings measured in 
 the shape's largest projection against the copy bandwidth, and a decode attention call.
 
     python benchmarks/kernel_profile.py --shape qwen3-8b --modes ar,ddtree-64 --out profile.json
+    python benchmarks/kernel_profile.py --pair zoo:tiny-hybrid --prompt-tokens 64 --modes ar,ddtree-64 --out p.json
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
+from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.perf.profile import random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
+from specdeploy.zoo.registry import resolve_models  # noqa: E402
 
 
 def timed(fn, repeats: int = 50) -> float:
@@ -77,16 +80,26 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--pair", help="a zoo pair (zoo:tiny-hybrid) or target path, instead of --shape's random "
+                        "weights; its drafter comes with it")  # fmt: skip
     parser.add_argument("--modes", default="ar,ddtree-64")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    shape = get_shape(args.shape)
-    target, drafter = random_pair(shape, torch.device("cuda"), torch.bfloat16)
-    prompt = random_prompt(shape.target["vocab_size"], args.prompt_tokens)
-    inter = shape.target.get("intermediate_size")
-    result = {"shape": shape.name, "ceilings": ceilings(shape.target["hidden_size"], inter), "modes": {}}
+    if args.pair:
+        budgets = [int(m.partition("-")[2] or 0) for m in args.modes.split(",")]
+        target_path, draft_path = resolve_models(args.pair, None, "ddtree", max(budgets) or 16)
+        target = load_target(target_path, device=torch.device("cuda"), dtype=torch.bfloat16)
+        drafter = load_drafter(draft_path, device=torch.device("cuda"), dtype=torch.bfloat16)
+        name, config = args.pair, target.config.raw
+    else:
+        shape = get_shape(args.shape)
+        target, drafter = random_pair(shape, torch.device("cuda"), torch.bfloat16)
+        name, config = shape.name, shape.target
+    prompt = random_prompt(config["vocab_size"], args.prompt_tokens)
+    inter = config.get("intermediate_size")
+    result = {"shape": name, "ceilings": ceilings(config["hidden_size"], inter), "modes": {}}
     print(result["ceilings"], flush=True)
     for label in args.modes.split(","):
         mode, _, budget = label.partition("-")
