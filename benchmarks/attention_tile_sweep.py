@@ -27,13 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cuda_timing import copy_bandwidth, graph_replay_ms  # noqa: E402
+from cuda_timing import graph_replay_ms  # noqa: E402
 
 from specdeploy.engine.triton_kernels import (  # noqa: E402
     AttentionTiles,
     default_attention_tiles,
     masked_attention,
 )
+from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 
 # name -> (key heads, query heads per key head, key width, value width, values are the keys' first channels)
 HEADS = {
@@ -96,7 +97,7 @@ def main() -> None:
     unknown = set(args.heads.split(",")) - set(HEADS)
     if unknown:
         parser.error(f"unknown --heads {', '.join(sorted(unknown))}: use {', '.join(HEADS)}")
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

@@ -1,24 +1,10 @@
-"""Timing helpers the CUDA sweep scripts share: the device copy bandwidth, and a call replayed from a graph."""
+"""A call timed as CUDA graph replays, for the sweep scripts (the copy bandwidth is `perf.roofline`'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 4 GiB device-to-device copy (read + write)."""
-    source = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
-    dest = torch.empty_like(source)
-    dest.copy_(source)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dest.copy_(source)
-    end.record()
-    end.synchronize()
-    return 2 * (4 << 30) * 10 / (start.elapsed_time(end) / 1e3)
 
 
 def graph_replay_ms(call: Callable[[], None], replays: int = 20) -> float:

@@ -25,6 +25,7 @@ from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
 from specdeploy.perf.profile import random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
+from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
 from specdeploy.zoo.registry import resolve_models  # noqa: E402
 
@@ -47,15 +48,12 @@ def ceilings(hidden: int, inter: int) -> dict:
     gemv_ms = timed(lambda: torch.nn.functional.linear(x, weight))
     x65 = torch.randn(65, hidden, device="cuda", dtype=torch.bfloat16)
     gemm65_ms = timed(lambda: torch.nn.functional.linear(x65, weight))
-    source = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
-    dest = torch.empty_like(source)
-    copy_ms = timed(lambda: dest.copy_(source), 10)
     bytes_weight = weight.numel() * 2
     return {
         "gemv_ms": gemv_ms,
         "gemv_tb_per_s": bytes_weight / gemv_ms / 1e9,
         "gemm65_ms": gemm65_ms,
-        "copy_tb_per_s": 2 * (4 << 30) / copy_ms / 1e9,
+        "copy_tb_per_s": copy_bandwidth(torch.device("cuda")) / 1e12,
     }
 
 

@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cuda_timing import copy_bandwidth, graph_replay_ms  # noqa: E402
+from cuda_timing import graph_replay_ms  # noqa: E402
 
 from specdeploy.engine.triton_moe import MoeTiling, Tiles, default_tiling, fused_moe  # noqa: E402
+from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
 
 # (block_n, block_k) at 4 warps and 3 stages
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,17,65,257")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
