@@ -108,10 +108,11 @@ def test_generate_matches_the_decoder_and_reports_sglang_meta_info(client: httpx
     assert meta["spec_accept_rate"] == pytest.approx(correct / (expected.num_steps * BUDGET))
 
 
-def test_generate_streams_one_cumulative_event_per_engine_step(client: httpx.Client) -> None:
+def test_generate_streams_cumulative_events_at_most_one_per_engine_step(client: httpx.Client) -> None:
     whole = generate(client, max_new_tokens=16).json()
     events = sse_events(generate(client, max_new_tokens=16, stream=True))
-    assert len(events) == 1 + whole["meta_info"]["spec_verify_ct"]  # the prefill, then each verify step
+    # the prefill, then each verify step; steps queued while the server was behind share one event
+    assert 2 <= len(events) <= 1 + whole["meta_info"]["spec_verify_ct"]
     for before, after in zip(events, events[1:], strict=False):
         assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
         assert len(after["output_ids"]) > len(before["output_ids"])
@@ -180,11 +181,12 @@ def test_completions_stream_equals_non_stream(client: httpx.Client, pair) -> Non
     assert counts == sorted(counts) and counts[-1] == 10
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
-    # return_token_ids: each chunk carries the tokens its engine step committed
+    # return_token_ids: each chunk carries the tokens its engine steps committed (one step unless the server
+    # fell behind)
     events = sse_events(
         client.post("/v1/completions", json={**request, "stream": True, "return_token_ids": True})
     )
-    assert len(events) == 1 + native["meta_info"]["spec_verify_ct"]
+    assert 2 <= len(events) <= 1 + native["meta_info"]["spec_verify_ct"]
     assert all(e["choices"][0]["token_ids"] for e in events)
     assert [t for e in events for t in e["choices"][0]["token_ids"]] == native["output_ids"]
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
 from specdeploy.engine.decode import SamplingParams, Step
 from specdeploy.errors import SpecdeployError
 from specdeploy.server.api_errors import ApiError
-from specdeploy.server.worker import EngineWorker, JobFailed
+from specdeploy.server.generation import Generation, SpecSettings
+from specdeploy.server.params import RequestParams
+from specdeploy.server.service import EngineService
+from specdeploy.server.worker import EngineWorker, Job, JobFailed
 
 
 @dataclass(eq=False)
@@ -114,6 +118,33 @@ def test_requests_are_admitted_in_arrival_order_and_run_together() -> None:
     assert max(engine.batch_sizes) > 1 and max(engine.batch_sizes) <= 4
 
 
+def test_an_iterations_steps_and_endings_reach_the_event_loop_in_one_wake_up() -> None:
+    # every wake-up of a busy event loop can hold the engine thread up to the interpreter's switch interval
+    engine = ScriptedEngine(steps=3, max_running=4)
+    worker = EngineWorker(lambda: engine, max_queued=16)
+    wake_ups = []
+
+    async def main() -> list[list]:
+        loop = asyncio.get_running_loop()
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wake_ups.append(threading.current_thread().name)
+            return call_soon_threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counted
+        jobs = [worker.submit([i], SamplingParams()) for i in range(4)]
+        worker.start()  # after the submissions: all four run in the same three iterations
+        return await asyncio.gather(*(drain(job) for job in jobs))
+
+    results = asyncio.run(main())
+    worker.stop()
+    assert [[s.token_ids[0] for s in steps] for steps in results] == [[i] * 3 for i in range(4)]
+    assert engine.batch_sizes[:3] == [4, 4, 4]
+    # three iterations of four steps each, the endings delivered with the last one's steps
+    assert wake_ups.count("specdeploy-engine") == 3
+
+
 def test_cancelled_refused_and_failing_jobs_do_not_stop_the_worker() -> None:
     gate = threading.Event()
     engines: list[ScriptedEngine] = []
@@ -172,3 +203,34 @@ def test_queue_limit_and_shutdown_end_every_waiting_job() -> None:
     assert len(results[0]) <= 2  # stopped after the step under way
     assert results[1] == [] and results[2] == []  # the queued ones end without output
     assert not worker.alive and worker.num_waiting == 0 and worker.num_running == 0
+
+
+class ByteTokenizer:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_steps_queued_while_the_server_was_behind_reach_the_stream_as_one_event() -> None:
+    # SGLang's tokenizer manager streams a request's latest output alike when it falls behind
+    recorded: list[Generation] = []
+    service = SimpleNamespace(stats=SimpleNamespace(record=recorded.append))
+
+    async def main() -> list[list[int]]:
+        gen = Generation(
+            ByteTokenizer(), [1], RequestParams(SamplingParams(max_new_tokens=6)), SpecSettings(2)
+        )
+        job = Job([1], gen.params.sampling, asyncio.get_running_loop())
+        for step in (Step([104], 0, None), Step([105, 33], 1, None), Step([33], 1, None)):
+            job.steps.put_nowait(step)
+        follow = EngineService.follow(service, gen, job)
+        yielded = [await anext(follow)]
+        job.steps.put_nowait(Step([63, 63], 1, "length"))
+        yielded += [added async for added in follow]
+        return yielded
+
+    assert asyncio.run(main()) == [[104, 105, 33, 33], [63, 63]]
+    assert (
+        recorded[0].text == "hi!!??"
+        and recorded[0].verify_ct == 3
+        and recorded[0].accept_lengths == [2, 1, 2]
+    )

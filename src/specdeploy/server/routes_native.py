@@ -102,7 +102,8 @@ def _output(gen: Generation, index: int | None) -> dict[str, Any]:
 async def _stream(
     service: EngineService, gens: list[Generation], jobs: list[Job], batched: bool
 ) -> AsyncIterator[bytes]:
-    """One event per engine step with the cumulative text and output_ids (SGLang's default), then [DONE]."""
+    """One event per engine step with the cumulative text and output_ids (SGLang's default; the steps queued while
+    the server was behind share one, as in SGLang), then [DONE]."""
 
     async def events() -> AsyncIterator[bytes]:
         for i, (gen, job) in enumerate(zip(gens, jobs, strict=True)):

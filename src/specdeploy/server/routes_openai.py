@@ -191,7 +191,8 @@ async def _stream(
     header: dict[str, Any],
     flavor: Flavor,
 ) -> AsyncIterator[bytes]:
-    """One chunk per engine step (its text delta and tokens); usage on every chunk with continuous_usage_stats,
+    """One chunk per engine step (its text delta and tokens; the steps queued while the server was behind share
+    one); usage on every chunk with continuous_usage_stats,
     else once at the end with include_usage."""
     options = req.stream_options or StreamOptions()
     events = OpenAIStream(flavor, header, options.include_usage, options.continuous_usage_stats)

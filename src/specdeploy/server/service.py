@@ -90,7 +90,8 @@ class EngineService:
     async def follow(
         self, gen: Generation, job: Job, request: Request | None = None
     ) -> AsyncIterator[list[int]]:
-        """Yield the ids each step of `job` adds to `gen`, until it finishes.
+        """Yield the ids the steps of `job` add to `gen` (all steps queued since the last yield at once), until
+        it finishes.
 
         With `request`, the wait polls for a client disconnect (non-streaming routes); streaming routes pass
         None because Starlette cancels their body iterator when the client goes, which lands in `finally`.
@@ -98,7 +99,7 @@ class EngineService:
         checked_at = time.monotonic()
         try:
             while not gen.finished:
-                item = await self._next(job)
+                item = await (job.steps.get() if request is None else self._next(job))
                 # checked by the clock, not only when idle: steps can arrive faster than the poll period
                 if request is not None and time.monotonic() - checked_at >= DISCONNECT_POLL_S:
                     checked_at = time.monotonic()
@@ -106,19 +107,25 @@ class EngineService:
                         raise ClientGone()
                 if item is NO_STEP_YET:
                     continue
-                if item is None:
-                    gen.abort("The server stopped this request while shutting down.", 503)
-                    yield []  # streams still send a last event, carrying the abort reason
-                elif isinstance(item, JobFailed):
-                    gen.abort(str(item), 500)
-                    raise EngineFailed(str(item))
-                else:
-                    added = gen.advance(item)
-                    # the steps' budgets so far, for the meta_info of this event (a stream's last one too)
-                    gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
-                    if gen.finished:
-                        job.cancel()  # a stop string may end the request before the engine does
-                    yield added
+                added: list[int] = []
+                # every step already queued goes into one event, as SGLang streams the latest output of a
+                # request when it falls behind: under load, events cost the server more than steps do
+                while True:
+                    if item is None:
+                        gen.abort("The server stopped this request while shutting down.", 503)
+                        break  # streams still send a last event, carrying the abort reason
+                    if isinstance(item, JobFailed):
+                        gen.abort(str(item), 500)
+                        raise EngineFailed(str(item))
+                    added += gen.advance(item)
+                    if gen.finished or job.steps.empty():
+                        break
+                    item = job.steps.get_nowait()
+                # the steps' budgets so far, for the meta_info of this event (a stream's last one too)
+                gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
+                if gen.finished:
+                    job.cancel()  # a stop string may end the request before the engine does
+                yield added
         finally:
             job.cancel()
             if not gen.finished:  # the consumer left early: the client disconnected

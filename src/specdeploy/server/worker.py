@@ -75,6 +75,25 @@ class Job:
             self.cancel()
 
 
+def _deliver_all(items: list[tuple[Job, Step | JobFailed | None]]) -> None:
+    """Hand an iteration's items to their jobs with one wake-up of each event loop, not one per item: every
+    wake-up lets the busy event loop take the interpreter from the engine thread (up to the switch interval)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Step | JobFailed | None]]] = {}
+    for job, item in items:
+        by_loop.setdefault(job.loop, []).append((job, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the event loop is already closed: nobody is listening any more
+            for job, _ in batch:
+                job.cancel()
+
+
+def _put_all(batch: list[tuple[Job, Step | JobFailed | None]]) -> None:
+    for job, item in batch:
+        job.steps.put_nowait(item)
+
+
 class EngineWorker:
     """A queue in front of the batching engine, with a bound on how many jobs may wait or run at once."""
 
@@ -199,17 +218,21 @@ class EngineWorker:
             iterated_at = time.perf_counter()  # what follows, delivering the events, is the server's work
             if events:
                 self.last_step_at = iterated_at
+            items: list[tuple[Job, Step | JobFailed | None]] = []
             for event in events:
                 job = held[event.request]
                 if event.step is None:  # this request alone failed; the others go on
                     log.error("a request failed: %s", event.error)
-                    job._deliver(JobFailed(event.error))
+                    items.append((job, JobFailed(event.error)))
                     continue
                 if event.step.verified_tokens and getattr(event.request, "budgets", None):
                     job.budgets.append(event.request.budgets[-1])
                     job.predicted.append(event.request.predicted[-1])
-                job._deliver(event.step)
-            self._release(held, [r for r in held if r.finished or r.cancelled])
+                items.append((job, event.step))
+            ended = [r for r in held if r.finished or r.cancelled]
+            items += [(held[r], None) for r in ended]
+            _deliver_all(items)
+            self._release(held, ended, closed=True)
         with self._lock:
             self._exited = True
         self._release(held, list(held))
@@ -245,12 +268,14 @@ class EngineWorker:
             with self._lock:
                 self._in_engine += 1
 
-    def _release(self, held: dict[Any, Job], requests: list[Any]) -> None:
+    def _release(self, held: dict[Any, Job], requests: list[Any], closed: bool = False) -> None:
+        """Let go of the jobs of `requests`, ending each one's stream unless `closed` (already ended)."""
         for request in requests:
             job = held.pop(request)
             with self._lock:
                 self._in_engine -= 1
-            self._close(job)
+            if not closed:
+                self._close(job)
 
     def _close(self, job: Job) -> None:
         job._deliver(None)
