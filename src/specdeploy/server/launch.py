@@ -21,7 +21,7 @@ from specdeploy.server.service import ServerConfig
 GRACEFUL_SHUTDOWN_S = 5  # open connections get this long to finish before uvicorn cancels them
 # The engine thread releases the interpreter in every torch call and CUDA wait; with Python's default 5 ms
 # switch interval, a busy event loop (many streams) then holds it up to 5 ms before the step may go on. At
-# 0.1 ms, tiny-code DDTree-64 served 14.4k -> 17.5k tok/s at 16 streams on one H200 (server_capacity README).
+# 0.1 ms, tiny-code DDTree-64 served 14.4k -> 17.5k tok/s at 16 streams on one H200 (benchmarks/results/h200-2026-12-04-server-gil).
 SWITCH_INTERVAL_S = 1e-4
 
 
