@@ -119,7 +119,8 @@ class Generation:
     def meta_info(self, spec_metrics: bool = True) -> dict[str, Any]:
         """SGLang's meta_info; latency and speculative figures only once finished, as SGLang reports them."""
         latency = self.finished_at - self.arrived_at if self.finished else None
-        spec = self.spec_metrics() if spec_metrics else None
+        # SGLang reports them once finished: counting them on every event made a stream quadratic in its steps
+        spec = self.spec_metrics() if spec_metrics and self.finished else None
         return sglang_protocol.meta_info(
             self.rid, self.finish_reason, len(self.prompt_ids), len(self.output_ids), latency, spec
         )

@@ -121,9 +121,9 @@ class EngineService:
                     if gen.finished or job.steps.empty():
                         break
                     item = job.steps.get_nowait()
-                # the steps' budgets so far, for the meta_info of this event (a stream's last one too)
-                gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
                 if gen.finished:
+                    # the steps' budgets, for the meta_info of the last event
+                    gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
                     job.cancel()  # a stop string may end the request before the engine does
                 yield added
         finally:
