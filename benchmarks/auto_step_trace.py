@@ -4,10 +4,12 @@
 
 For each concurrency, each engine (AR, every fixed DDTree budget, auto: 0 and powers of two up to the largest
 budget) runs the same closed loop: `--requests` requests of `--max-new-tokens` tokens (EOS ignored) from the
-demo's code prompts, `concurrency` at a time, after one warm-up pass over the prompts. Per engine it prints output
-tok/s, tokens per step, ms per step (the runner's step, its whole iteration, and the policy's choose and
-observe), and for auto the share of steps and the ms per step at each budget, with the policy's own
-/server_info state; the JSON has them all (and every auto step when `--steps-out`).
+demo's code prompts, `concurrency` at a time, after one warm-up pass over the prompts; with `--rounds N`, every
+engine runs in turn N times (built once, so auto keeps what it learnt, as a server does between cells). Per run it
+prints output tok/s, tokens per step, ms per step (the runner's step, its whole iteration, and the policy's choose
+and observe), and for auto the share of steps and the ms per step at each budget, with the policy's own
+/server_info state; then each engine's mean over the rounds and auto's ratio to the best other engine. The JSON
+has them all (and every auto step when `--steps-out`).
 """
 
 from __future__ import annotations
@@ -138,6 +140,8 @@ def main() -> None:
     parser.add_argument("--max-context", type=int, default=1024, help="positions per row of every engine's "
                         "caches: one size for all, as a server's --context-length (a cache sized to each engine's "
                         "own tree would give smaller trees smaller attention windows)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every engine in turn (the engines are built "
+                        "once per concurrency, so a load that changes hits all alike; auto keeps what it learnt)")  # fmt: skip
     parser.add_argument("--out", help="JSON file, rewritten after every engine")
     parser.add_argument("--steps-out", action="store_true", help="keep every auto step in the JSON, with the "
                         "policy's tok/s estimate of every budget at its choice")  # fmt: skip
@@ -156,30 +160,52 @@ def main() -> None:
     report: dict = {"pair": args.pair, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "args": vars(args), "cells": []}  # fmt: skip
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
-        engines = [("ar", None, None)] + [(f"ddtree-{b}", b, None) for b in budgets]
-        engines.append(("auto", max(budgets), [0, *powers_of_two(max(budgets))]))
-        for name, budget, auto in engines:
+        specs = [("ar", None, None)] + [(f"ddtree-{b}", b, None) for b in budgets]
+        specs.append(("auto", max(budgets), [0, *powers_of_two(max(budgets))]))
+        engines = {}
+        for name, budget, auto in specs:  # all built first: each round runs every engine, so a load hits all
             policy = BudgetPolicy(auto) if auto else None
-            engine = BatchEngine(target, drafter if budget else None, "ddtree" if budget else "ar", budget,
-                                 max_running=concurrency, max_context=context, policy=policy)  # fmt: skip
-            run_loop(engine, prompts, concurrency, len(prompts), 8)  # warm-up: every prompt length once
-            cell = run_loop(engine, prompts, concurrency, args.requests, args.max_new_tokens, args.steps_out)
-            if not args.steps_out:
-                cell.pop("steps", None)
-            cell.update(engine=name, concurrency=concurrency, startup_s=engine.startup_s)
-            report["cells"].append(cell)
-            print(f"c={concurrency} {name:10s} {cell['output_tok_s']:9.1f} tok/s  {cell['tokens_per_step']:.2f} tok/step"
-                  f"  iteration {cell['iteration_ms']:.3f} ms  step {cell['step_ms']:.3f}  choose "
-                  f"{cell['choose_ms']:.3f}  observe {cell['observe_ms']:.3f}", flush=True)  # fmt: skip
-            for b, s in cell.get("by_budget", {}).items():
-                print(f"    budget {b:3d}: {100 * s['share']:5.1f}% of steps, {s['step_ms_median']:.3f} ms, "
-                      f"{s['tokens_per_row']:.2f} tok/row", flush=True)  # fmt: skip
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(report, f, indent=1, default=str)
-            del engine
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            engines[name] = BatchEngine(target, drafter if budget else None, "ddtree" if budget else "ar", budget,
+                                        max_running=concurrency, max_context=context, policy=policy)  # fmt: skip
+            run_loop(
+                engines[name], prompts, concurrency, len(prompts), 8
+            )  # warm-up: every prompt length once
+        for round_ in range(args.rounds):
+            for name, engine in engines.items():
+                cell = run_loop(
+                    engine, prompts, concurrency, args.requests, args.max_new_tokens, args.steps_out
+                )
+                if not args.steps_out:
+                    cell.pop("steps", None)
+                cell.update(engine=name, concurrency=concurrency, round=round_, startup_s=engine.startup_s)
+                report["cells"].append(cell)
+                print(f"c={concurrency} round {round_} {name:10s} {cell['output_tok_s']:9.1f} tok/s  "
+                      f"{cell['tokens_per_step']:.2f} tok/step  iteration {cell['iteration_ms']:.3f} ms  step "
+                      f"{cell['step_ms']:.3f}  choose {cell['choose_ms']:.3f}  observe {cell['observe_ms']:.3f}",
+                      flush=True)  # fmt: skip
+                for b, share in cell.get("by_budget", {}).items():
+                    print(f"    budget {b:3d}: {100 * share['share']:5.1f}% of steps, {share['step_ms_median']:.3f} "
+                          f"ms, {share['tokens_per_row']:.2f} tok/row", flush=True)  # fmt: skip
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump(report, f, indent=1, default=str)
+        means = {name: statistics.mean(c["output_tok_s"] for c in report["cells"]
+                                       if c["engine"] == name and c["concurrency"] == concurrency)
+                 for name in engines}  # fmt: skip
+        best = max((n for n in means if n != "auto"), key=means.get)
+        report.setdefault("auto_over_best", {})[concurrency] = {
+            "best": best,
+            "ratio": means["auto"] / means[best],
+        }
+        print(f"c={concurrency} mean over {args.rounds} round(s): "
+              + ", ".join(f"{n} {t:.1f}" for n, t in means.items())
+              + f"; auto / {best} = {means['auto'] / means[best]:.3f}", flush=True)  # fmt: skip
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+        del engines
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
