@@ -323,16 +323,14 @@ def fused_moe(
     direct = tokens == 1  # each pair its own block: no plan to build (one launch fewer per decode step)
     if direct:
         sorted_pairs = block_expert = indices  # unread
-        blocks = pairs
     elif pairs <= PLAN_PAIRS:
         sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
-        blocks = block_expert.numel()
     else:
         picks = indices.flatten()
         if has_shared:
             picks = torch.cat([picks, picks.new_full((tokens,), num_experts)])
         sorted_pairs, block_expert = block_plan(picks, total, block_m)
-        blocks = block_expert.numel()
+    blocks = pairs if direct else block_expert.numel()
     x = x.contiguous()
     weights = weights.contiguous()
     widest = max(inter, shared_inter)
