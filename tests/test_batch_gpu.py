@@ -11,6 +11,7 @@ from test_batch import (
     assert_batched_greedy_equals_single,
     assert_changing_budgets_keep_greedy_outputs,
     assert_padded_first_chunk_writes_what_its_own_size_writes,
+    assert_step_predictions_are_the_trees_own,
 )
 
 from specdeploy.engine.loading import load_drafter, load_target
@@ -64,3 +65,9 @@ def test_hybrid_rows_with_64_node_trees_on_cuda_equal_single_requests(pairs):
 def test_a_captured_padded_first_chunk_writes_what_an_eager_chunk_of_its_own_size_writes(pairs, family):
     """The prefill graph (a 9-token prompt at a bucket of 16, Triton kernels) against the eager prefill."""
     assert_padded_first_chunk_writes_what_its_own_size_writes(*pairs[family])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_each_predicting_step_on_cuda_reads_back_its_own_trees_prediction(pairs, family):
+    """The prediction comes back through pinned memory, copied before the step's tokens (test_batch's twin)."""
+    assert_step_predictions_are_the_trees_own(*pairs[family])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,14 +34,17 @@ from specdeploy.errors import SpecdeployError
 @dataclass
 class LoopTimes:
     """Where the iterations spent their time since the engine started or the times were last reset: prefill,
-    the runner's steps (from launch to the host's copy of their tokens), the budget policy's choices and
-    observations, and the rest of `iterate` (stop rules, events, rows leaving)."""
+    the runner's steps (from launch to the host's copy of their tokens), the budget policy's choices, and the
+    rest of `iterate` (stop rules, events, rows leaving). `policy_overlapped`, apart: the policy's
+    observations and rankings, done while a step runs (part of its time; on a GPU hidden by its kernels)."""
 
     iterations: int = 0
     steps: int = 0
     prefill_tokens: int = 0
     seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("iterate", "prefill", "step", "policy"), 0.0)
+        default_factory=lambda: dict.fromkeys(
+            ("iterate", "prefill", "step", "policy", "policy_overlapped"), 0.0
+        )
     )
 
     def describe(self) -> dict:
@@ -51,7 +55,11 @@ class LoopTimes:
             "iterations": self.iterations,
             "steps": self.steps,
             "prefill_tokens": self.prefill_tokens,
-            "ms_per_iteration": {**parts, "rest_of_iteration": round(max(0.0, other), 4)},
+            "ms_per_iteration": {
+                **parts,
+                "rest_of_iteration": round(max(0.0, other), 4),
+                "policy_overlapped": round(per["policy_overlapped"], 4),
+            },
         }
 
 
@@ -111,6 +119,9 @@ class BatchEngine:
         self.loop = LoopTimes()
         # when the last step's tokens reached the host (None: no request has run since)
         self._last_step_end: float | None = None
+        # the policy's observations not yet folded in: those of a step are folded in while the next one runs
+        # (on a GPU its kernels hide that host work), or when the engine goes idle
+        self._unobserved: list[Callable[[], None]] = []
         self.device = target.embed_tokens.weight.device
         self._ids = itertools.count(1)
         self.waiting: deque[Request] = deque()
@@ -189,6 +200,7 @@ class BatchEngine:
         self._drop_finished()
         if not self.running:
             self._last_step_end = None  # the wait for requests is no step's overhead
+            self._fold_observations()
         self.loop.iterations += 1
         self.loop.seconds["prefill"] += prefill_seconds
         self.loop.seconds["iterate"] += time.perf_counter() - started
@@ -248,36 +260,54 @@ class BatchEngine:
         """`prefill_seconds`: this iteration's prefill time; the time since the last step less it is the
         iteration's overhead."""
         events = []
+        policy = self.policy
         started = time.perf_counter()  # each step ends in a host synchronisation: this is its real time
-        if self.policy is not None and self._last_step_end is not None:
-            self.policy.observe_overhead(started - self._last_step_end - prefill_seconds)
-        results = self.runner.step(budget)
+        if policy is not None and self._last_step_end is not None:
+            gap = started - self._last_step_end - prefill_seconds
+            self._unobserved.append(lambda: policy.observe_overhead(gap))
+        results = self.runner.step(budget, self._fold_observations if policy is not None else None)
         expected = self.runner.expected
         seconds = time.perf_counter() - started
         self._last_step_end = started + seconds  # what follows (events, a server's delivery) is overhead
         self.loop.steps += 1
         self.loop.seconds["step"] += seconds
+        predicted = self._predicted(budget, expected, len(results)) if policy is not None else None
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
             if budget is not None:
                 request.budgets.append(budget)
-            if self.policy is not None:  # this request's tree prediction, before the step is folded in
-                request.predicted.append(self._predicted(budget, expected[row] if expected else None))
+            if predicted is not None:  # this request's tree prediction, before the step is folded in
+                request.predicted.append(predicted[row])
             events.append(self._event(request, tokens, verified))
-        if self.policy is not None:
-            observed_at = time.perf_counter()
-            self.policy.observe(budget, [len(tokens) for tokens, _ in results], seconds, expected, window)
-            self.loop.seconds["policy"] += time.perf_counter() - observed_at
+        if policy is not None:
+            accepted = [len(tokens) for tokens, _ in results]
+            self._unobserved.append(lambda: policy.observe(budget, accepted, seconds, expected, window))
         return events
 
-    def _predicted(self, budget: int, expected: list[float] | None) -> float:
-        """The tokens a row's step at `budget` was expected to commit: its own tree's calibrated prediction, or,
-        on a drafting step that predicted nothing (`StepRunner.predict_every`), the running mean of the trees'
-        predictions, calibrated alike (the first drafting step predicts, so there is one)."""
+    def _fold_observations(self) -> None:
+        """Fold the policy's pending observations in, and rank the budgets for the running requests as they
+        stand, so that the next choice reads a ranking already made."""
+        if not self._unobserved:
+            return
+        started = time.perf_counter()
+        for observe in self._unobserved:
+            observe()
+        self._unobserved.clear()
+        if self.running:
+            self.policy.ranking(len(self.running), self.runner.draft_window())
+        self.loop.seconds["policy_overlapped"] += time.perf_counter() - started
+
+    def _predicted(self, budget: int, expected: list[list[float]] | None, rows: int) -> list[float]:
+        """The tokens each row's step at `budget` was expected to commit: its own tree's calibrated
+        prediction, or, on a drafting step that predicted nothing (`StepRunner.predict_every`), the running
+        mean of the trees' predictions, calibrated alike (the first drafting step predicts, so there is one)."""
         if budget == 0:
-            return 1.0
+            return [1.0] * rows
         policy = self.policy
-        own = policy.predicted[budget] if expected is None else expected[policy.drafting.index(budget)]
-        return policy.calibrated(budget, own)
+        scale = policy.calibration()
+        if expected is None:
+            return [1 + scale * (policy.predicted[budget] - 1)] * rows
+        column = policy.drafting.index(budget)
+        return [1 + scale * (line[column] - 1) for line in expected]
 
     def _event(self, request: Request, tokens: list[int], verified: int) -> Event:
         step = request.rules.commit(tokens, verified)

@@ -19,34 +19,39 @@ policy keeps:
   steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
 and picks, for r running requests at window w, the budget b that maximises r * accept(b) / cost(r, b, w), where
-cost is the start-up cost times a correction per budget, under the load, both from the measured steps, plus an
-iteration's overhead. A step's measured time is its start-up cost times what that gets wrong about its budget
-(the correction), under the machine's load at the time, which every budget shares: on a CPU a factor (the cores
-are shared with other processes: it swings by 1.5x within a minute), on a GPU seconds added to each step (the
-host work of another thread, a server's delivery, which the interpreter lock makes the step wait for: a
-factor would make a small tree's step look far cheaper than it is while those waits dominate). The policy
-keeps the load as the median over the last steps, whatever their budgets, of each one's measured time over
-(or less) its corrected start-up cost, and a budget's correction as the median over its recent steps of
-what they took, the load at their time taken out, over their start-up cost, for each row bucket of the start-up measurement apart: what a real step costs beyond a dead one grows with
-the running requests (in a server, delivering their tokens competes with the step for the host), so a
-correction learnt at 64 requests says nothing of one request. The load is common to every budget, so budgets
-whose steps ran at different moments are still compared as if side by side (a budget not yet measured in a
-bucket takes the median correction of those that were there). An iteration also
-spends time outside its step (a server delivering every request's tokens, the host's bookkeeping): that
-overhead, measured from a step's end to the next one's start, weighs most on the shortest steps and grows with
-what the step committed, so it is kept per budget and row bucket of the step before it (the median over all
-steps while one is little measured) and added to that budget's step time. Every `explore_every`-th choice
-measures another budget: the best one not yet measured in its row bucket, else, of those the start-up cost
-alone rates close to the best, the one measured longest ago, so no correction goes stale (and a run of AR steps,
-which predicts nothing, is broken by a drafting step now and then). A budget that the start-up cost alone rates
-far below the budget chosen (as it may an unmeasured one) waits, besides, until the steps chosen since the last exploring
-one add up to `explore_every` times its estimated step, so that exploring it takes about a twentieth of the
-time: on Qwen3-8B's shape with random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at
-budget 64 23, and exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those
-the start-up cost rates near the chosen one keep the plain cadence: bounding them too kept auto on a CPU in
-runs of AR steps where drafting paid. The medians behind
-a choice are recomputed every REFRESH_EVERY observed steps, not at each one: at each one they took a tenth
-of a small model's step on a GPU.
+cost is the start-up cost under the machine's load at the time, plus an iteration's overhead (the time from a
+step's end to the next one's start: a server delivering every request's tokens, the host's bookkeeping; it
+weighs most on the shortest steps). The load is common to every budget, so budgets whose steps ran at
+different moments are still compared as if side by side; how it is learnt differs by device:
+
+- on a CPU, a factor on every step (the cores are shared with other processes: it swings by 1.5x within a
+  minute), the median over the last steps of each one's measured time over its corrected start-up cost; and a
+  budget's correction, the median over its recent steps of what they took, the load taken out, over their
+  start-up cost, for each row bucket of the start-up measurement apart (what a real step costs beyond a dead
+  one grows with the running requests, so a correction learnt at 64 requests says nothing of one request; a
+  budget not yet measured in a bucket takes the median correction of those that were there). The overhead is
+  kept per budget and row bucket of the step before it (it grows with what the step committed), the median
+  over all steps while one is little measured. Every `explore_every`-th choice measures another budget: the
+  best one not yet measured in its row bucket, else, of those the start-up cost alone rates close to the best,
+  the one measured longest ago, so no correction goes stale (and a run of AR steps, which predicts nothing, is
+  broken by a drafting step now and then). A budget that the start-up cost alone rates far below the budget
+  chosen waits, besides, until the steps chosen since the last exploring one add up to `explore_every` times
+  its estimated step, so that exploring it takes about a twentieth of the time: on Qwen3-8B's shape with
+  random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at budget 64 23, and
+  exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those the start-up
+  cost rates near the chosen one keep the plain cadence: bounding them too kept auto on a CPU in runs of AR
+  steps where drafting paid.
+- on a GPU (`load_adds`), seconds added to every step whatever its budget (the host work of another thread, a
+  server's delivery, which the interpreter lock makes the step wait for: a factor would make a small tree's
+  step look far cheaper than it is while those waits dominate), and no correction per budget: the start-up
+  cost runs the steps' own CUDA graphs and gets the differences between budgets right, while the waits swing
+  from step to step (see `BudgetPolicy.load`). The load and the overhead are means over the recent steps of
+  every budget, in the overhead's case of the row bucket. No budget's cost needs measuring apart, so the only
+  exploring steps are drafting ones that break a run of AR steps, every `explore_every`-th, as above.
+
+The rankings behind a choice are recomputed every REFRESH_EVERY observed steps, not at each one (at each one
+they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in while
+the next step runs.
 """
 
 from __future__ import annotations
@@ -170,6 +175,16 @@ def measure_step_cost(runner: StepRunner, budgets: list[int], repeats: int = 3) 
     )
 
 
+def robust_mean(values: list[float]) -> float:
+    """The mean of `values` without those beyond Tukey's far-out fence (3 interquartile ranges above the
+    upper quartile): a step that compiled or captured a graph, not the host's ordinary waits."""
+    if len(values) < 4:
+        return statistics.fmean(values)
+    low, _, high = statistics.quantiles(values, n=4)
+    fence = high + 3 * (high - low)
+    return statistics.fmean([v for v in values if v <= fence])
+
+
 def running_mean(mean: float, value: float, count: int) -> float:
     """Fold the `count`-th value in: a plain mean over the first 1/EWMA values, exponential after."""
     weight = max(EWMA, 1 / count)
@@ -211,7 +226,7 @@ class BudgetPolicy:
         # per (budget, row bucket): its recent steps' measured over predicted time, the load at their time taken out
         self.cost_ratios: dict[tuple[int, int], deque[float]] = defaultdict(lambda: deque(maxlen=COST_WINDOW))
         # (budget, row bucket, measured seconds, start-up seconds) of the last steps
-        self.recent: deque[tuple[int, int, float, float]] = deque(maxlen=LOAD_WINDOW)
+        self.recent: deque[tuple[int, int, float, float]] = deque(maxlen=COST_WINDOW)
         # per (budget, row bucket): seconds between one such step's end and the next step's start (delivering
         # its tokens), and of all those steps together
         self.overheads_by: dict[tuple[int, int], deque[float]] = defaultdict(
@@ -225,6 +240,9 @@ class BudgetPolicy:
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, int | None], list[int]] = {}  # (running, window) -> ranking
         self._seconds_cache: dict[tuple[int, int, int | None], float] = {}  # (running, budget, window) -> s
+        self._overhead_cache: dict[
+            tuple[int | None, int | None], float
+        ] = {}  # (budget, bucket) -> overhead()
         self._since_refresh = 0  # steps observed since the caches above were last cleared
 
     def calibration(self) -> float:
@@ -244,10 +262,6 @@ class BudgetPolicy:
             return float(budget + 1)
         return 1 + self.calibration() * (self.predicted[budget] - 1)
 
-    def calibrated(self, budget: int, predicted: float) -> float:
-        """A tree's own prediction at `budget` for one request, calibrated as the policy's estimate is."""
-        return 1.0 if budget == 0 else 1 + self.calibration() * (predicted - 1)
-
     def step_seconds(self, running: int, budget: int, window: int | None = None) -> float:
         """Seconds of one step by the start-up cost."""
         return self.cost(running, budget, window)
@@ -258,27 +272,44 @@ class BudgetPolicy:
         return self._corrections(bucket)[budget]
 
     def _corrections(self, bucket: int) -> dict[int, float]:
-        """`cost_ratio` of every budget in `bucket`, computed once per observed step (choose reads them every
-        step)."""
+        """`cost_ratio` of every budget in `bucket`, computed once per refresh (choose reads them every step);
+        1 for every budget with `load_adds`, which trusts the start-up cost's differences (see `load`)."""
         if bucket not in self._corrections_cache:
-            measured = {b: self.cost_ratios.get((b, bucket), ()) for b in self.budgets}
-            own = {b: statistics.median(r) for b, r in measured.items() if len(r) >= MIN_SAMPLES}
-            fallback = statistics.median(own.values()) if own else 1.0
-            self._corrections_cache[bucket] = {b: own.get(b, fallback) for b in self.budgets}
+            if self.load_adds:
+                self._corrections_cache[bucket] = dict.fromkeys(self.budgets, 1.0)
+            else:
+                measured = {b: self.cost_ratios.get((b, bucket), ()) for b in self.budgets}
+                own = {b: statistics.median(r) for b, r in measured.items() if len(r) >= MIN_SAMPLES}
+                fallback = statistics.median(own.values()) if own else 1.0
+                self._corrections_cache[bucket] = {b: own.get(b, fallback) for b in self.budgets}
         return self._corrections_cache[bucket]
 
     def load(self) -> float | None:
-        """The last steps' median measured time over (or, with `load_adds`, less) their start-up time times
-        their budget's correction (None before any step)."""
+        """What the last steps took beyond their start-up time (None before any step).
+
+        On a CPU, a factor: the median over the last LOAD_WINDOW steps of each one's measured time over its
+        start-up time times its budget's correction. On a GPU (`load_adds`), seconds added to every step
+        whatever its budget: the mean (`robust_mean`) over the last COST_WINDOW steps of each one's measured
+        less its start-up time. There the start-up cost runs the steps' own CUDA graphs and gets the
+        differences between budgets right (within 0.03 ms of real steps, tiny-code on an H200), while what
+        real steps add (host waits: another thread holding the interpreter, a server's delivery) swings from
+        step to step, heavy-tailed. Per-budget corrections then measured the swings, not the budgets: each
+        budget's median over its few steps, taken at other moments than the chosen one's, made budget 8 look
+        1.25x better than 64 in a server at 16 requests, where 64 won by 1.2x. And a mean, not a median: a
+        step's expected time is what the throughput pays, and the median of a heavy tail understates it."""
         if not self.recent:
             return None
         if self._load_cache is None:
-            self._load_cache = statistics.median(
-                seconds - predicted * self.cost_ratio(b, bucket)
-                if self.load_adds
-                else seconds / (predicted * self.cost_ratio(b, bucket))
-                for b, bucket, seconds, predicted in self.recent
-            )
+            if self.load_adds:
+                self._load_cache = robust_mean(
+                    [seconds - predicted for _, _, seconds, predicted in self.recent]
+                )
+            else:
+                recent = list(self.recent)[-LOAD_WINDOW:]
+                self._load_cache = statistics.median(
+                    seconds / (predicted * self.cost_ratio(b, bucket))
+                    for b, bucket, seconds, predicted in recent
+                )
         return self._load_cache
 
     def current_load(self) -> float:
@@ -292,12 +323,18 @@ class BudgetPolicy:
 
     def overhead(self, budget: int | None = None, bucket: int | None = None) -> float:
         """Seconds an iteration spends outside its step (and any prefill) after a step at `budget` of row bucket
-        `bucket` (a server delivers its tokens then): the median of the last measured after such steps, or
-        after any step while fewer than MIN_SAMPLES were (0 before any)."""
-        own = self.overheads_by.get((budget, bucket), ())
-        if len(own) >= MIN_SAMPLES:
-            return statistics.median(own)
-        return statistics.median(self.overheads) if self.overheads else 0.0
+        `bucket` (a server delivers its tokens then): the median of the last measured after such steps, or after
+        any step while fewer than MIN_SAMPLES were (0 before any). With `load_adds`, as for `load`, the mean
+        (`robust_mean`) of those after any budget's steps in the bucket."""
+        key = (budget, bucket)
+        if key not in self._overhead_cache:
+            budgets = self.budgets if self.load_adds else [budget]
+            own = [s for b in budgets for s in self.overheads_by.get((b, bucket), ())]
+            if len(own) < MIN_SAMPLES:
+                own = list(self.overheads)
+            average = robust_mean if self.load_adds else statistics.median
+            self._overhead_cache[key] = average(own) if own else 0.0
+        return self._overhead_cache[key]
 
     def observe_overhead(self, seconds: float) -> None:
         """Fold in the time from the last observed step's end to the next one's start, less the prefill in
@@ -353,7 +390,9 @@ class BudgetPolicy:
         ranked = self.ranking(running, window)
         self.choices += 1
         choice = ranked[0]
-        if len(ranked) > 1:
+        # with `load_adds` no budget's cost is measured apart: only AR steps, which predict nothing, are broken
+        # by drafting ones, so that the trees' predictions stay fresh
+        if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
             self._explore_credit += self._chosen_seconds(running, choice, window) / self.explore_every
             if self._since_explored >= self.explore_every:
@@ -449,6 +488,7 @@ class BudgetPolicy:
         self._load_cache = None
         self._ranking_cache.clear()
         self._seconds_cache.clear()
+        self._overhead_cache.clear()
         self._exploring = None
         self._since_refresh = 0
 

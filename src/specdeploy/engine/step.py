@@ -31,6 +31,7 @@ and the commit replays each row's accepted path (`recurrent_state`), so they bat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -185,6 +186,11 @@ class StepRunner:
         self.curve_budgets = sorted(budgets)
         self.predict_every = every
         self.expected_buffer = torch.ones(self.rows, len(budgets), device=self.device)
+        # on a GPU the prediction comes back through pinned memory, copied before the step's tokens: their one
+        # synchronisation brings both (a second `tolist` cost a synchronisation per predicting step)
+        self.expected_host = (
+            torch.ones(self.rows, len(budgets), pin_memory=True) if self.device.type == "cuda" else None
+        )
         self.graphs.clear()  # the tree stage now writes the prediction too
 
     def tree_size(self, budget: int | None = None) -> int:
@@ -516,10 +522,13 @@ class StepRunner:
     # -------------------------------------------------------------------------------------------- step
 
     @torch.inference_mode()
-    def step(self, budget: int | None = None) -> list[tuple[list[int], int]]:
+    def step(
+        self, budget: int | None = None, while_running: Callable[[], None] | None = None
+    ) -> list[tuple[list[int], int]]:
         """One draft-verify step of every running row: (committed tokens, tokens verified) per row.
 
-        `budget` picks a DDTree tree size for this step (default: the runner's)."""
+        `budget` picks a DDTree tree size for this step (default: the runner's); `while_running`: host work to
+        do once the step is launched, before waiting for it (on a GPU it overlaps the step's kernels)."""
         started = time.perf_counter()
         active = self.active
         rows = self.step_rows(active)
@@ -541,8 +550,15 @@ class StepRunner:
         predict = bool(self.curve_budgets) and size > 0 and self.drafting_steps % self.predict_every == 0
         self.drafting_steps += size > 0
         self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed, predict)
-        out = self.out[:active].tolist()  # the step's one synchronisation (two when it predicted)
-        self.expected = self.expected_buffer[:active].tolist() if predict else None
+        expected = None
+        if predict:
+            expected = self.expected_buffer[:active]
+            if self.expected_host is not None:
+                expected = self.expected_host[:active].copy_(expected, non_blocking=True)
+        if while_running is not None:
+            while_running()
+        out = self.out[:active].tolist()  # the step's one synchronisation (after the prediction's copy)
+        self.expected = None if expected is None else expected.tolist()
         results = []
         taken_in = self._takes_in(size, catch_up)
         for state, line in zip(self.running, out, strict=True):

@@ -1,14 +1,16 @@
 """One request's generation as the server reports it: cumulative ids and text, stop strings, SGLang's meta_info.
 
-`Generation.advance(step)` folds one engine step into the cumulative state. Text is decoded from all ids so
-far; its unstable tail (an incomplete UTF-8 sequence, or a possible start of a stop string) is held back
-until the next step settles it, so streamed pieces always concatenate to the final text.
+`Generation.advance(step)` folds one engine step into the cumulative state. While the request runs, its text
+grows by decoding only the ids since the last settled text (`IncrementalText`); once it finishes, the text is
+decoded from all ids. The unstable tail (an incomplete UTF-8 sequence, or a possible start of a stop string) is
+held back until the next step settles it, so streamed pieces always concatenate to the final text.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,33 @@ REPLACEMENT_CHAR = "\ufffd"  # what decoding yields for an incomplete UTF-8 sequ
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+class IncrementalText:
+    """`decode(ids)` as `ids` grow, decoding a few ids per call rather than all of them (SGLang's detokenizer
+    does the same; decoding everything on every event made a stream quadratic in its length). The text of
+    `ids[:read]` is settled; a call decodes `ids[surround:]` and keeps what follows the text of
+    `ids[surround:read]`: the ids before `read` give the new ones their context (a tokenizer may drop a slice's
+    leading space). A tail ending in an incomplete UTF-8 sequence is returned but not settled."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.settled = ""
+        self.surround = self.read = 0
+        self.surround_text = ""  # decode(ids[surround:read])
+
+    def text(self, ids: list[int]) -> str:
+        new = self.decode(ids[self.surround :])
+        if not new.startswith(self.surround_text):  # the context changed what came before: start afresh
+            self.settled, self.surround, self.read, self.surround_text = "", 0, 0, ""
+            new = self.decode(ids)
+        tail = new[len(self.surround_text) :]
+        if tail and not tail.endswith(REPLACEMENT_CHAR):
+            self.settled += tail
+            self.surround, self.read = self.read, len(ids)
+            self.surround_text = self.decode(ids[self.surround : self.read])
+            return self.settled
+        return self.settled + tail
 
 
 @dataclass
@@ -47,6 +76,10 @@ class Generation:
     finished_at: float | None = None
     budgets: list[int] = field(default_factory=list)  # DDTree budget of each verify step, when adaptive
     predicted: list[float] = field(default_factory=list)  # tokens the policy predicted for each verify step
+    incremental: IncrementalText = field(init=False)  # the running text, while unfinished
+
+    def __post_init__(self) -> None:
+        self.incremental = IncrementalText(self._decode)
 
     @property
     def finished(self) -> bool:
@@ -89,7 +122,7 @@ class Generation:
         for token in tokens:
             self.output_ids.append(token)
             added.append(token)
-            text = self._decode(self.output_ids)
+            text = self.incremental.text(self.output_ids)
             hit = _first_stop_match(text, self.params.stop_strs)
             if hit is not None:
                 self.finish_reason = {"type": "stop", "matched": hit}
@@ -100,19 +133,17 @@ class Generation:
         return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def _settle_text(self) -> None:
-        ids = self.output_ids
-        trims_stop_token = (
-            isinstance((self.finish_reason or {}).get("matched"), int) and not self.params.no_stop_trim
-        )
-        if trims_stop_token:
-            ids = ids[:-1]  # SGLang leaves the matched stop token out of the text (not out of output_ids)
-        text = self._decode(ids)
-        matched = (self.finish_reason or {}).get("matched")
-        if isinstance(matched, str):
-            cut = text.find(matched)
-            text = text[: cut + len(matched)] if self.params.no_stop_trim else text[:cut]
-        elif not self.finished:
+        if not self.finished:
+            text = self.incremental.text(self.output_ids)
             text = text[: len(text) - _unstable_tail(text, self.params.stop_strs)]
+        else:  # decoded whole, once: the final text is exactly the tokenizer's
+            ids = self.output_ids
+            matched = self.finish_reason.get("matched")
+            if isinstance(matched, int) and not self.params.no_stop_trim:
+                ids = ids[:-1]  # SGLang leaves the matched stop token out of the text (not out of output_ids)
+            text = self._decode(ids)
+            if isinstance(matched, str) and (cut := text.find(matched)) >= 0:
+                text = text[: cut + len(matched)] if self.params.no_stop_trim else text[:cut]
         if text.startswith(self.text):  # never take back what may already have been streamed
             self.text = text
 
