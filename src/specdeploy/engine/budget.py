@@ -47,7 +47,9 @@ different moments are still compared as if side by side; how it is learnt differ
   cost runs the steps' own CUDA graphs and gets the differences between budgets right, while the waits swing
   from step to step (see `BudgetPolicy.load`). The load and the overhead are means over the recent steps of
   every budget, in the overhead's case of the row bucket. No budget's cost needs measuring apart, so the only
-  exploring steps are drafting ones that break a run of AR steps, every `explore_every`-th, as above.
+  exploring steps are drafting ones that break a run of AR steps, every `explore_every`-th, as above, but
+  those the start-up cost rates far below AR wait until the AR steps add up to 1 / GPU_EXPLORE_SHARE times their
+  estimated step (a fiftieth of the time).
 
 The rankings behind a choice are recomputed every REFRESH_EVERY observed steps, not at each one (at each one
 they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in while
@@ -78,6 +80,10 @@ COST_WINDOW = 32  # recent steps per budget whose corrections are kept (median: 
 LOAD_WINDOW = 8
 WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
 EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of the best by the start-up cost
+# on a GPU, the share of the time that drafting steps breaking a run of AR steps may take (they only keep the
+# trees' predictions fresh: costs need no budget measured apart there); a twentieth left Qwen3-8B's shape with
+# random weights at 0.95x AR's throughput at 64 requests (H200)
+GPU_EXPLORE_SHARE = 0.02
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -394,7 +400,8 @@ class BudgetPolicy:
         # by drafting ones, so that the trees' predictions stay fresh
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
-            self._explore_credit += self._chosen_seconds(running, choice, window) / self.explore_every
+            share = GPU_EXPLORE_SHARE if self.load_adds else 1 / self.explore_every
+            self._explore_credit += self._chosen_seconds(running, choice, window) * share
             if self._since_explored >= self.explore_every:
                 if self._exploring is None or self._exploring[0] != (running, window):
                     explored, near = self._explored(running, window, ranked)
