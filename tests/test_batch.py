@@ -557,7 +557,9 @@ def test_exploring_budgets_the_start_up_cost_rates_far_below_takes_a_bounded_sha
         ran = simulate(policy, running, accept, seconds, tree, steps=2000)[100:]  # after the first drafts
         spent = sum(seconds(running, b) for b in ran)
         assert sum(seconds(running, b) for b in ran if b) / spent <= share, load_adds
-        assert sum(running * accept[b] for b in ran) / spent >= kept * running / seconds(running, 0), load_adds
+        assert sum(running * accept[b] for b in ran) / spent >= kept * running / seconds(running, 0), (
+            load_adds
+        )
 
 
 def test_budgets_the_start_up_cost_rates_near_the_chosen_one_are_explored_at_the_plain_cadence():

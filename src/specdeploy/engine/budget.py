@@ -530,8 +530,10 @@ class BudgetPolicy:
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
-            # each budget's measured over start-up step time, the load taken out
+            # each budget's measured over start-up step time, the load taken out (applied only without
+            # load_adds: on a GPU they are shown, not used)
             "cost_correction_by_budget_and_rows": self._median_table(self.cost_ratios, 1.0, 4),
+            "cost_corrections_applied": not self.load_adds,
             "load": round(self.current_load(), 6),
             "load_adds": self.load_adds,
             "overhead_ms": round(1e3 * self.overhead(), 3),
