@@ -332,7 +332,7 @@ class BudgetPolicy:
         `bucket` (a server delivers its tokens then): the median of the last measured after such steps, or after
         any step while fewer than MIN_SAMPLES were (0 before any). With `load_adds`, as for `load`, the mean
         (`robust_mean`) of those after any budget's steps in the bucket."""
-        key = (budget, bucket)
+        key = (None if self.load_adds else budget, bucket)  # with load_adds every budget shares it
         if key not in self._overhead_cache:
             budgets = self.budgets if self.load_adds else [budget]
             own = [s for b in budgets for s in self.overheads_by.get((b, bucket), ())]
