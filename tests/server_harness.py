@@ -16,9 +16,12 @@ import uvicorn
 
 from specdeploy.engine.runtime import load_engine
 from specdeploy.server.app import create_app
+from specdeploy.server.engine_process import EngineRecipe
 from specdeploy.server.guard import HttpGuard
 from specdeploy.server.launch import uvicorn_config
 from specdeploy.server.service import ServerConfig
+
+APPS: dict[str, Any] = {}  # base URL -> the app `running_server` serves there, while it runs
 
 
 def free_port() -> int:
@@ -33,11 +36,21 @@ def running_server(
     mode: str,
     budget: int | None = None,
     guard: HttpGuard | None = None,
+    engine_process: bool = False,
+    policy_budgets: tuple[int, ...] | None = None,
     **config: Any,
 ) -> Iterator[str]:
-    """Serve a fresh engine over the pair in a thread (uvicorn, real sockets); yields the base URL."""
+    """Serve a fresh engine over the pair in a thread (uvicorn, real sockets); yields the base URL.
+    `engine_process`: the engine in a process of its own, as `specdeploy serve` runs it (`policy_budgets`:
+    --budget auto's there)."""
     target, draft = pair
-    engine = load_engine(str(target), None if mode == "ar" else str(draft), mode, budget)
+    draft = None if mode == "ar" else draft
+    engine = load_engine(target, draft, mode, budget, weights=not engine_process)
+    if engine_process:
+        running = config.get("max_running_requests", ServerConfig.max_running_requests)
+        config["engine_recipe"] = EngineRecipe(
+            target, draft, mode, budget, "cpu", "auto", None, None, running, policy_budgets
+        )
     guard = guard or HttpGuard()
     app = create_app(engine, ServerConfig(**config), guard)
     port = free_port()
@@ -50,9 +63,12 @@ def running_server(
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    APPS[url] = app
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
+        del APPS[url]
         server.should_exit = True
         thread.join(30)
 

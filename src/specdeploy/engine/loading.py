@@ -60,7 +60,8 @@ EXTRA_LAYER = re.compile(r"layers\.(\d+)\.")
 def load_target(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> TargetModel:
-    """The target model stored at `path`, in inference mode, with parameters on `device` in `dtype`."""
+    """The target model stored at `path`, in inference mode, with parameters on `device` in `dtype` (on the
+    meta device, no weights are read: its configuration and shapes alone)."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise SpecdeployError(
@@ -77,6 +78,8 @@ def load_target(
             f"{root / 'config.json'} lacks {missing}, which {family.__name__} needs"
         ) from None
     device = torch.device(device)
+    if device.type == "meta":
+        return model.eval().requires_grad_(False)
     expected = expected_shapes(model)
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")  # tied to the embedding after loading
@@ -288,12 +291,15 @@ def read_drafter_config(path: Path) -> dict[str, Any]:
 def load_drafter(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> DFlashDrafter:
-    """Load a z-lab DFlash checkpoint directory (config.json + safetensors), ready for inference."""
+    """Load a z-lab DFlash checkpoint directory (config.json + safetensors), ready for inference (on the meta
+    device, no weights are read)."""
     path = Path(path).expanduser()
     config = read_drafter_config(path)
     with torch.device("meta"):
         drafter = DFlashDrafter(config)
     device = torch.device(device)
+    if device.type == "meta":
+        return drafter.eval().requires_grad_(False)
     state = read_weights(path, expected_shapes(drafter), device, dtype_of=lambda name: dtype)
     load_checkpoint_state(drafter, state)
     # frozen like the target: outside inference mode (a CUDA graph's capture, say) autograd would otherwise

@@ -92,23 +92,27 @@ def load_engine(
     dtype: str = "auto",
     threads: int | None = None,
     context_length: int | None = None,
+    weights: bool = True,
 ) -> Engine:
     """`context_length`: positions (prompt + new tokens) a request may reach, at most the model's own; the
-    batching engine's static caches hold that many per running request."""
+    batching engine's static caches hold that many per running request. `weights=False`: everything but the
+    weights (the models on the meta device: configurations and shapes, checked as with weights), for a
+    process that serves an engine loaded by another."""
     from specdeploy.engine.loading import load_drafter, load_target
 
     check_mode(mode, draft is not None, budget)  # before any weights load
     torch_device = resolve_device(device)
-    if torch_device.type == "cpu":
+    if torch_device.type == "cpu" and weights:
         set_cpu_threads(threads)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    load_on = torch_device if weights else torch.device("meta")
     target_path = Path(target)
-    model = load_target(target_path, device=torch_device, dtype=torch_dtype)
+    model = load_target(target_path, device=load_on, dtype=torch_dtype)
     drafter = None
     draft_path = None
     if mode != "ar":
         draft_path = Path(draft)
-        drafter = load_drafter(draft_path, device=torch_device, dtype=torch_dtype)
+        drafter = load_drafter(draft_path, device=load_on, dtype=torch_dtype)
         drafter.check_compatible(model.config)
     positions = model.config.max_position_embeddings
     if context_length is not None and not 1 <= context_length <= positions:

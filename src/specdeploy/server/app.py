@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(engine: Any, config: ServerConfig | None = None, guard: HttpGuard | None = None) -> FastAPI:
-    """An app serving `engine` (a runtime.Engine); its worker thread starts and stops with the app.
+    """An app serving `engine` (a runtime.Engine); its engine thread or process starts and stops with the app.
 
     `guard`: the API key and the request size limit (none and the default size without it).
     """

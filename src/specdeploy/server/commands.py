@@ -52,6 +52,14 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default 1).")] = None,
+    engine_process: Annotated[
+        bool,
+        typer.Option(
+            "--engine-process/--engine-thread",
+            help="Run the engine in a process of its own (as SGLang runs its scheduler), so that it does not "
+            "share an interpreter with the HTTP server; --engine-thread: in a thread of the server's process.",
+        ),
+    ] = True,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -68,6 +76,7 @@ def serve(
     """Serve the reference engine with SGLang's HTTP API (native /generate and OpenAI routes)."""
     from specdeploy.engine.runtime import load_engine
     from specdeploy.errors import SpecdeployError
+    from specdeploy.server.engine_process import EngineRecipe
     from specdeploy.server.guard import HttpGuard
     from specdeploy.server.launch import check_port_free, is_loopback, serve_engine
     from specdeploy.server.service import ServerConfig
@@ -94,6 +103,7 @@ def serve(
         )
     check_port_free(host, port)
     target_path, draft_path = resolve_models(target, draft, mode, tree_budget)
+    # with the engine in its own process this one loads everything but the weights (tokenizer, configs)
     engine = load_engine(
         target_path,
         draft_path,
@@ -103,19 +113,29 @@ def serve(
         dtype=dtype,
         threads=threads,
         context_length=context_length,
+        weights=not engine_process,
     )
-    policy = None
+    budgets = None
     if adaptive:
-        from specdeploy.engine.budget import BudgetPolicy, powers_of_two
+        from specdeploy.engine.budget import powers_of_two
 
         typer.echo("--budget auto: the step cost of every budget is measured at start-up ...", err=True)
-        policy = BudgetPolicy([0, *powers_of_two(max_budget)])  # the batch engine measures its cost
+        budgets = (0, *powers_of_two(max_budget))
+    recipe = policy = None
+    if engine_process:
+        recipe = EngineRecipe(target_path, draft_path, mode, tree_budget, device, dtype, threads, context_length,
+                              max_running_requests, budgets)  # fmt: skip
+    elif budgets is not None:
+        from specdeploy.engine.budget import BudgetPolicy
+
+        policy = BudgetPolicy(list(budgets))  # the batch engine measures its cost
     config = ServerConfig(
         max_queued_requests=max_queued_requests,
         max_running_requests=max_running_requests,
         # SGLang names a model by its --model-path; a zoo pair's directory alone would read "target".
         served_model_name=served_model_name or target,
         budget_policy=policy,
+        engine_recipe=recipe,
     )
     guard = HttpGuard(api_key=api_key or None, max_body_bytes=max_request_bytes)
     serve_engine(engine, config, host, port, log_level, guard)

@@ -107,14 +107,13 @@ async def server_info(request: Request) -> dict[str, Any]:
     avg = service.stats.avg_accept_length
     if service.spec.num_draft_tokens is not None and avg is not None:
         internal["avg_spec_accept_length"] = avg
-    if service.config.budget_policy is not None:
-        internal["ddtree_budget_policy"] = service.config.budget_policy.describe()
-    loop = service.worker.loop_times()
-    if loop is not None:  # since start or the last /flush_cache
-        internal["engine_loop"] = loop
-    batch_engine = service.worker.engine
-    internal["cuda_graphs_captured_at_startup"] = batch_engine.graphs_captured
-    internal["startup_capture_and_measure_s"] = round(batch_engine.startup_s, 3)
+    state = await service.worker.engine_state()
+    if state["policy"] is not None:
+        internal["ddtree_budget_policy"] = state["policy"]
+    if state["loop"] is not None:  # since start or the last /flush_cache
+        internal["engine_loop"] = state["loop"]
+    internal["cuda_graphs_captured_at_startup"] = state["graphs_captured"]
+    internal["startup_capture_and_measure_s"] = round(state["startup_s"], 3)
     draft = service.spec.num_draft_tokens
     return {
         "model_path": str(engine.target_path),

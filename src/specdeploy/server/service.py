@@ -1,4 +1,4 @@
-"""What every route shares: the engine, its worker queue, the counters, and running one generation."""
+"""What every route shares: the engine, its job queue (a thread or a process), the counters, and running one generation."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from starlette.requests import Request
 from specdeploy import __version__
 from specdeploy.engine.budget import BudgetPolicy
 from specdeploy.server.api_errors import ApiError
+from specdeploy.server.engine_process import EngineProcess, EngineRecipe
 from specdeploy.server.generation import Generation, SpecSettings
 from specdeploy.server.params import ModelLimits, RequestParams, check_prompt
 from specdeploy.server.stats import ServerStats
-from specdeploy.server.worker import EngineWorker, Job, JobFailed
+from specdeploy.server.worker import EngineClient, EngineWorker, Job, JobFailed
 
 ENGINE_NAME = "specdeploy-reference"
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -38,7 +39,16 @@ class ServerConfig:
     max_queued_requests: int = 256
     max_running_requests: int = 8  # requests decoded together in one batch (SGLang's flag name)
     served_model_name: str | None = None  # defaults to the engine's model name
-    budget_policy: BudgetPolicy | None = None  # DDTree budget chosen per step (--budget auto)
+    budget_policy: BudgetPolicy | None = None  # DDTree budget chosen per step (--budget auto), engine thread
+    # the engine in a process of its own, built from this (its recipe carries --budget auto's budgets);
+    # None: in a thread of the server's process, over the engine given
+    engine_recipe: EngineRecipe | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        """--budget auto: each step's DDTree budget chosen by a policy."""
+        recipe = self.engine_recipe
+        return self.budget_policy is not None or (recipe is not None and recipe.policy_budgets is not None)
 
 
 class EngineService:
@@ -52,10 +62,14 @@ class EngineService:
         target_config = engine.target.config
         self.limits = ModelLimits(vocab_size=target_config.vocab_size, max_context=engine.max_context)
         self.spec = SpecSettings(num_draft_tokens=_draft_tokens(engine))
-        self.worker = EngineWorker(
-            lambda: engine.batch_engine(config.max_running_requests, config.budget_policy),
-            config.max_queued_requests,
-        )
+        self.worker: EngineClient
+        if config.engine_recipe is not None:
+            self.worker = EngineProcess(config.engine_recipe, config.max_queued_requests)
+        else:
+            self.worker = EngineWorker(
+                lambda: engine.batch_engine(config.max_running_requests, config.budget_policy),
+                config.max_queued_requests,
+            )
         self.stats = ServerStats(lambda: self.worker.num_waiting, lambda: self.worker.num_running)
         self.started_at = time.time()
 
@@ -166,7 +180,7 @@ class EngineService:
             "name": ENGINE_NAME,
             "version": __version__,
             "mode": self.engine.mode,
-            "budget": "auto" if self.config.budget_policy is not None else self.engine.budget,
+            "budget": "auto" if self.config.adaptive else self.engine.budget,
             "max_running_requests": self.config.max_running_requests,
             "block_size": self.engine.block_size,
             "device": str(self.engine.device),

@@ -1,47 +1,30 @@
-"""One worker thread drives the batching engine; each request's steps flow back to the event loop.
+"""The engine loop (`server.engine_loop`) behind a bounded job queue; each job's steps flow back to its event loop.
 
-The engine is synchronous and compute-bound, so it never runs on the event loop. Between engine iterations
-the worker takes newly queued jobs into the engine (requests join and leave between steps), tells it which
-jobs were cancelled (client gone, stop string matched), and hands every event to its job's asyncio queue
-through `call_soon_threadsafe`.
+The engine is synchronous and compute-bound, so it never runs on the event loop: `EngineWorker` runs the loop
+in a thread of this process, `engine_process.EngineProcess` in a process of its own. Between engine iterations
+the loop takes newly queued jobs into the engine (requests join and leave between steps) and the cancelled
+ones out (client gone, stop string matched), and every iteration's steps reach their jobs' asyncio queues in
+one `call_soon_threadsafe` per event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import itertools
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from specdeploy.engine.decode import SamplingParams, Step
-from specdeploy.errors import SpecdeployError
 from specdeploy.server.api_errors import ApiError
-
-log = logging.getLogger(__name__)
+from specdeploy.server.engine_loop import BatchingEngine, EngineLoop, Outcome
 
 
 class JobFailed(Exception):
     """The engine raised while running a job; carries the original exception."""
-
-
-class BatchingEngine(Protocol):
-    """What the worker needs of `engine.batch.BatchEngine`."""
-
-    num_running: int
-    num_waiting: int
-    idle: bool
-    graphs_captured: int  # CUDA graphs captured when it was built
-    startup_s: float  # seconds spent building it beyond loading: graph capture, step-cost measurement
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Any: ...
-
-    def cancel(self, request: Any) -> None: ...
-
-    def iterate(self) -> list[Any]: ...
 
 
 @dataclass
@@ -49,15 +32,18 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
+    rid: int = 0  # the request's id on the engine side
     steps: asyncio.Queue = field(default_factory=asyncio.Queue)  # Step | JobFailed | None (done)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
+    on_cancel: Callable[[], None] | None = None  # tells an engine in another process
     budgets: list[int] = field(default_factory=list)  # the DDTree budget of each step, when it varies
     predicted: list[float] = field(default_factory=list)  # the tokens predicted for each step, when it varies
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            if self.on_cancel is not None:
+                self.on_cancel()
 
     async def __aiter__(self) -> AsyncIterator[Step]:
         while True:
@@ -67,12 +53,6 @@ class Job:
             if isinstance(item, JobFailed):
                 raise item
             yield item
-
-    def _deliver(self, item: Step | JobFailed | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.steps.put_nowait, item)
-        except RuntimeError:  # the event loop is already closed: nobody is listening any more
-            self.cancel()
 
 
 def _deliver_all(items: list[tuple[Job, Step | JobFailed | None]]) -> None:
@@ -94,35 +74,106 @@ def _put_all(batch: list[tuple[Job, Step | JobFailed | None]]) -> None:
         job.steps.put_nowait(item)
 
 
-class EngineWorker:
-    """A queue in front of the batching engine, with a bound on how many jobs may wait or run at once."""
+class EngineClient:
+    """A bounded queue of jobs in front of an engine loop (`server.engine_loop`), and the delivery of each
+    iteration's outcomes to their jobs' event loops. Subclasses carry jobs to the loop and outcomes back:
+    `EngineWorker` runs it in a thread of this process, `engine_process.EngineProcess` in a process of its
+    own."""
 
-    def __init__(self, make_engine: Callable[[], BatchingEngine], max_queued: int) -> None:
-        """`make_engine` builds the engine, again after an engine failure (whose state is then unknown)."""
+    def __init__(self, max_queued: int) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
-        self.make_engine = make_engine
-        self.engine = make_engine()
         self.max_queued = max_queued
-        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._queued = 0  # submitted jobs the engine has not taken yet
-        self._in_engine = 0  # jobs the engine holds (waiting inside it, prefilling or running)
+        self._jobs: dict[int, Job] = {}  # every job not yet ended, by request id
+        self._ids = itertools.count(1)
         self._stopping = threading.Event()
-        self._exited = False  # set under the lock once the thread takes no more jobs
+        self._closed = False  # set under the lock once no job may be submitted any more
         self.last_step_at = 0.0  # perf_counter of the latest step any job made, for /health_generate
-        # seconds from one iteration's end to the next one's start while jobs were held (delivering events,
-        # taking new jobs), and the iterations counted, since start or `reset_loop_times`
-        self._between_s, self._between_count = 0.0, 0
-        self._thread = threading.Thread(target=self._run, name="specdeploy-engine", daemon=True)
-
-    @property
-    def num_waiting(self) -> int:
-        return self._queued + (0 if self._exited else self.engine.num_waiting)
 
     @property
     def num_running(self) -> int:
-        return 0 if self._exited else self.engine.num_running
+        return min(self._engine_running(), len(self._jobs))
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._jobs) - self.num_running
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits or runs."""
+        with self._lock:
+            return not self._jobs
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
+        """Queue a job behind all earlier ones; refuse with 503 when the queue is full or shutting down."""
+        if self._stopping.is_set():
+            raise ApiError("The server is shutting down; send the request to another replica.", 503)
+        job = Job(prompt_ids, params, asyncio.get_running_loop())
+        with self._lock:
+            if len(self._jobs) >= self.max_queued:
+                raise ApiError(
+                    f"The request queue is full ({self.max_queued} requests waiting or running); "
+                    "retry later or start the server with a larger --max-queued-requests.",
+                    503,
+                )
+            if self._closed:
+                raise ApiError("The server is shutting down; send the request to another replica.", 503)
+            job.rid = next(self._ids)
+            self._jobs[job.rid] = job
+            # sent under the lock: the engine side cannot finish its last drain between the check and the send
+            self._send(job)
+        return job
+
+    def _deliver(self, outcomes: list[Outcome]) -> None:
+        """Hand an iteration's outcomes to their jobs (ended jobs leave the queue)."""
+        items: list[tuple[Job, Step | JobFailed | None]] = []
+        for rid, outcome, adaptive in outcomes:
+            job = self._jobs.get(rid)
+            if job is None:
+                continue
+            if isinstance(outcome, Step):
+                self.last_step_at = time.perf_counter()
+                if adaptive is not None:
+                    job.budgets.append(adaptive[0])
+                    job.predicted.append(adaptive[1])
+                items.append((job, outcome))
+            elif outcome is None:  # ended
+                with self._lock:
+                    del self._jobs[rid]
+                items.append((job, None))
+            else:  # failed: its end follows
+                items.append((job, JobFailed(outcome)))
+        _deliver_all(items)
+
+    def _end_all(self, failure: str | None = None) -> None:
+        """After a stop, or the engine's death (`failure`: why), end every job left so that no consumer waits
+        forever; none may be submitted any more."""
+        with self._lock:
+            self._closed = True
+            jobs, self._jobs = list(self._jobs.values()), {}
+        items: list[tuple[Job, Step | JobFailed | None]] = []
+        for job in jobs:
+            items += [(job, JobFailed(failure)), (job, None)] if failure else [(job, None)]
+        _deliver_all(items)
+
+    def _send(self, job: Job) -> None:
+        """Carry a new job to the engine loop (called under the queue's lock)."""
+        raise NotImplementedError
+
+    def _engine_running(self) -> int:
+        raise NotImplementedError
+
+
+class EngineWorker(EngineClient):
+    """The engine loop in a thread of this process, fed through a queue."""
+
+    def __init__(self, make_engine: Callable[[], BatchingEngine], max_queued: int) -> None:
+        """`make_engine` builds the engine, again after an engine failure (whose state is then unknown)."""
+        super().__init__(max_queued)
+        self.loop = EngineLoop(make_engine)
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="specdeploy-engine", daemon=True)
 
     @property
     def alive(self) -> bool:
@@ -131,48 +182,12 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def loop_times(self) -> dict | None:
-        """The engine's `LoopTimes` with the worker's own time between iterations added (None for an engine
-        that keeps none)."""
-        loop = getattr(self.engine, "loop", None)
-        if loop is None:
-            return None
-        times = loop.describe()
-        times["ms_per_iteration"]["server_between_iterations"] = round(
-            1e3 * self._between_s / max(self._between_count, 1), 4
-        )
-        return times
+    async def engine_state(self) -> dict[str, Any]:
+        """`EngineLoop.state` (read while the engine thread may be stepping: figures of the moment)."""
+        return self.loop.state()
 
     def reset_loop_times(self) -> None:
-        """Start `loop_times` afresh (SGLang's /flush_cache restarts its counters alike)."""
-        if hasattr(self.engine, "loop"):
-            self.engine.loop = type(self.engine.loop)()
-        self._between_s, self._between_count = 0.0, 0
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
-        """Queue a job behind all earlier ones; refuse with 503 when the queue is full or shutting down."""
-        if self._stopping.is_set():
-            raise ApiError("The server is shutting down; send the request to another replica.", 503)
-        job = Job(prompt_ids, params, asyncio.get_running_loop())
-        with self._lock:
-            if self._queued + self._in_engine >= self.max_queued:
-                raise ApiError(
-                    f"The request queue is full ({self.max_queued} requests waiting or running); "
-                    "retry later or start the server with a larger --max-queued-requests.",
-                    503,
-                )
-            if self._exited:
-                raise ApiError("The server is shutting down; send the request to another replica.", 503)
-            self._queued += 1
-            # put under the lock: the worker cannot finish its last drain between the check and the put
-            self._jobs.put(job)
-        return job
-
-    @property
-    def idle(self) -> bool:
-        """Nothing waits or runs."""
-        with self._lock:
-            return self._queued + self._in_engine == 0
+        self.loop.reset_loop_times()
 
     def request_stop(self) -> None:
         """Stop after the current iteration, without waiting: unfinished jobs end without further output.
@@ -180,7 +195,7 @@ class EngineWorker:
         Safe inside a signal handler: it only sets an Event and puts on a SimpleQueue (reentrant).
         """
         self._stopping.set()
-        self._jobs.put(None)
+        self._queue.put(None)
 
     def stop(self, timeout: float = 10.0) -> None:
         """`request_stop`, then wait for the thread to exit."""
@@ -188,106 +203,41 @@ class EngineWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def _send(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def _engine_running(self) -> int:
+        return self.loop.engine.num_running
+
     # ------------------------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        held: dict[Any, Job] = {}  # engine request -> its job
-        iterated_at: float | None = None  # the last iteration's end, while jobs stay held
+        loop = self.loop
         while not self._stopping.is_set():
-            if not self._take(held, block=not held):
+            if not self._take(block=not loop.busy):
                 break
-            for request, job in held.items():
-                if job.cancelled.is_set():
-                    self.engine.cancel(request)
-            if not held:
-                iterated_at = None  # the wait for jobs is not the server's work
-                continue
-            if iterated_at is not None:
-                self._between_s += time.perf_counter() - iterated_at
-                self._between_count += 1
-            try:
-                events = self.engine.iterate()
-            # the batched step failed, with no one request to blame: its jobs end, never the worker
-            except Exception as exc:
-                log.exception("generation failed")
-                for job in held.values():
-                    job._deliver(JobFailed(f"{type(exc).__name__}: {exc}"))
-                self._release(held, list(held))
-                self.engine = self.make_engine()
-                continue
-            iterated_at = time.perf_counter()  # what follows, delivering the events, is the server's work
-            if events:
-                self.last_step_at = iterated_at
-            items: list[tuple[Job, Step | JobFailed | None]] = []
-            for event in events:
-                job = held[event.request]
-                if event.step is None:  # this request alone failed; the others go on
-                    log.error("a request failed: %s", event.error)
-                    items.append((job, JobFailed(event.error)))
-                    continue
-                if event.step.verified_tokens and getattr(event.request, "budgets", None):
-                    job.budgets.append(event.request.budgets[-1])
-                    job.predicted.append(event.request.predicted[-1])
-                items.append((job, event.step))
-            ended = [r for r in held if r.finished or r.cancelled]
-            items += [(held[r], None) for r in ended]
-            _deliver_all(items)
-            self._release(held, ended, closed=True)
-        with self._lock:
-            self._exited = True
-        self._release(held, list(held))
-        self._drain()
+            for rid in list(loop.held):
+                job = self._jobs.get(rid)
+                if job is None or job.cancelled.is_set():
+                    loop.cancel(rid)
+            if loop.busy:
+                self._deliver(loop.iterate())
+        loop.release_all()
+        self._end_all()
 
-    def _take(self, held: dict[Any, Job], block: bool) -> bool:
-        """Move queued jobs into the engine (waiting for one when `block`); False once told to stop."""
+    def _take(self, block: bool) -> bool:
+        """Move queued jobs into the engine loop (waiting for one when `block`); False once told to stop."""
         while True:
             try:
-                job = self._jobs.get() if block else self._jobs.get_nowait()
+                job = self._queue.get() if block else self._queue.get_nowait()
             except queue.Empty:
                 return True
             block = False
             if job is None:
                 return False
-            with self._lock:
-                self._queued -= 1
             if job.cancelled.is_set():
-                self._close(job)
+                self._deliver([(job.rid, None, None)])
                 continue
-            try:
-                request = self.engine.submit(job.prompt_ids, job.params)
-            except Exception as exc:  # refused or failed on admission: this job alone ends
-                job._deliver(
-                    JobFailed(
-                        str(exc) if isinstance(exc, SpecdeployError) else f"{type(exc).__name__}: {exc}"
-                    )
-                )
-                self._close(job)
-                continue
-            job.started_at = time.perf_counter()
-            held[request] = job
-            with self._lock:
-                self._in_engine += 1
-
-    def _release(self, held: dict[Any, Job], requests: list[Any], closed: bool = False) -> None:
-        """Let go of the jobs of `requests`, ending each one's stream unless `closed` (already ended)."""
-        for request in requests:
-            job = held.pop(request)
-            with self._lock:
-                self._in_engine -= 1
-            if not closed:
-                self._close(job)
-
-    def _close(self, job: Job) -> None:
-        job._deliver(None)
-
-    def _drain(self) -> None:
-        """After a stop, end every job still queued so that no consumer waits forever."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                with self._lock:
-                    self._queued -= 1
-                self._close(job)
+            refused = self.loop.admit(job.rid, job.prompt_ids, job.params)
+            if refused is not None:
+                self._deliver([(job.rid, refused, None), (job.rid, None, None)])
