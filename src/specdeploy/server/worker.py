@@ -14,6 +14,7 @@ import itertools
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +75,7 @@ def _put_all(batch: list[tuple[Job, Step | JobFailed | None]]) -> None:
         job.steps.put_nowait(item)
 
 
-class EngineClient:
+class EngineClient(ABC):
     """A bounded queue of jobs in front of an engine loop (`server.engine_loop`), and the delivery of each
     iteration's outcomes to their jobs' event loops. Subclasses carry jobs to the loop and outcomes back:
     `EngineWorker` runs it in a thread of this process, `engine_process.EngineProcess` in a process of its
@@ -157,12 +158,38 @@ class EngineClient:
             items += [(job, JobFailed(failure)), (job, None)] if failure else [(job, None)]
         _deliver_all(items)
 
+    @property
+    @abstractmethod
+    def alive(self) -> bool:
+        """The engine loop runs and takes jobs (/health)."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start delivering outcomes (the app's start-up)."""
+
+    @abstractmethod
+    def request_stop(self) -> None:
+        """Stop after the current iteration, without waiting; safe inside a signal handler."""
+
+    @abstractmethod
+    def stop(self, timeout: float = 10.0) -> None:
+        """`request_stop`, then wait for the engine loop to end."""
+
+    @abstractmethod
+    async def engine_state(self) -> dict[str, Any]:
+        """`EngineLoop.state`: what /server_info shows of the engine."""
+
+    @abstractmethod
+    def reset_loop_times(self) -> None:
+        """`EngineLoop.reset_loop_times` (/flush_cache)."""
+
+    @abstractmethod
     def _send(self, job: Job) -> None:
         """Carry a new job to the engine loop (called under the queue's lock)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _engine_running(self) -> int:
-        raise NotImplementedError
+        """Requests the engine runs (prefilling included)."""
 
 
 class EngineWorker(EngineClient):
