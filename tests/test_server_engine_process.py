@@ -97,6 +97,9 @@ def test_an_engine_process_that_dies_fails_its_requests_and_the_health_check(ran
                 reply = await pending
                 health = (await client.get("/health")).status_code
                 refused = (await client.post("/generate", json={"text": PROMPTS[1], **BODY})).status_code
+                asked = time.monotonic()
+                info = await client.get("/server_info")  # its state will not come: it fails, without waiting
+                assert info.status_code == 500 and time.monotonic() - asked < 10
                 return reply.status_code, reply.text, health, refused
 
         status, text, health, refused = asyncio.run(main())

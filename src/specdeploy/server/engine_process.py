@@ -8,8 +8,9 @@ server moved by 5-15% between runs (benchmarks/results/h200-2026-12-04-auto-addi
 The parent sends ("submit", id, prompt ids, sampling params), ("cancel", id), ("state", token), ("reset",) and
 ("stop",) down a pipe. The child loads the engine itself (`EngineRecipe`: paths and settings, no weights cross
 the pipe), answers ("ready", None) once it is built or ("failed", why), then ("outcomes", outcomes, running
-requests) after every iteration and ("state", token, state) when asked. A reader thread in the parent hands the
-outcomes to their jobs; if the child dies, its jobs fail with its exit code and /health answers 503.
+requests) after every iteration and ("state", token, state) when asked. In the parent a sender thread writes
+the commands (queued, so the event loop never waits on the pipe) and a reader thread hands the outcomes to their
+jobs; if the child dies, its jobs fail with its exit code and /health answers 503.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -119,10 +121,15 @@ class EngineProcess(EngineClient):
                                         daemon=True)  # fmt: skip
         self._process.start()
         child.close()  # the child holds its end: EOF here once it exits
-        self._send_lock = threading.Lock()
+        # commands wait here for the sender thread: putting never blocks (the event loop submits and cancels;
+        # a pipe filled by a burst of requests would hold it until the child's next iteration read them) and
+        # is reentrant (a signal handler stops the server)
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._running = 0  # running requests, as the child last said
         self._states: dict[int, asyncio.Future] = {}
+        self._gone: str | None = None  # why the child is gone, once the reader knows
         self._reader = threading.Thread(target=self._read, name="specdeploy-engine-reader", daemon=True)
+        self._sender = threading.Thread(target=self._send_all, name="specdeploy-engine-sender", daemon=True)
         while not self._conn.poll(STARTUP_POLL_S):
             if not self._process.is_alive():
                 raise SpecdeployError(
@@ -140,14 +147,16 @@ class EngineProcess(EngineClient):
 
     def start(self) -> None:
         self._reader.start()
+        self._sender.start()
 
     async def engine_state(self) -> dict[str, Any]:
         """`EngineLoop.state` from the child, between two of its iterations."""
         future = asyncio.get_running_loop().create_future()
         token = next(self._ids)
         self._states[token] = future
-        if not self._post(("state", token)):
-            raise SpecdeployError("the engine process is gone")
+        if self._gone is not None:  # registered after the reader failed the waiters: no state will come
+            _fail(future, SpecdeployError(self._gone))
+        self._post(("state", token))
         try:
             return await asyncio.wait_for(future, STATE_TIMEOUT_S)
         finally:
@@ -159,10 +168,9 @@ class EngineProcess(EngineClient):
     def request_stop(self) -> None:
         """Tell the child to stop after its current iteration; unfinished jobs end without further output.
 
-        Safe inside a signal handler: the message goes from a new thread, so a send under way on the
-        interrupted thread (which holds the pipe's lock) is never waited for here."""
+        Safe inside a signal handler: it only sets an Event and puts on a SimpleQueue (reentrant)."""
         self._stopping.set()
-        threading.Thread(target=self._post, args=(("stop",),), daemon=True).start()
+        self._post(("stop",))
 
     def stop(self, timeout: float = 10.0) -> None:
         """`request_stop`, then wait for the child to exit (killed after `timeout`) and the reader to end."""
@@ -172,8 +180,10 @@ class EngineProcess(EngineClient):
             log.warning("the engine process did not stop within %.0f s: killing it", timeout)
             self._process.kill()
             self._process.join(timeout)
-        if self._reader.is_alive():
-            self._reader.join(timeout)
+        self._outbox.put(None)  # the sender's end
+        for thread in (self._reader, self._sender):
+            if thread.is_alive():
+                thread.join(timeout)
 
     def _send(self, job: Job) -> None:
         job.on_cancel = lambda: self._post(("cancel", job.rid))
@@ -182,14 +192,17 @@ class EngineProcess(EngineClient):
     def _engine_running(self) -> int:
         return self._running
 
-    def _post(self, message: tuple) -> bool:
-        """Send a command to the child; False once it is gone (its reader then ends every job)."""
-        with self._send_lock:
+    def _post(self, message: tuple) -> None:
+        """Queue a command for the child (dropped once it is gone: its reader then ends every job)."""
+        self._outbox.put(message)
+
+    def _send_all(self) -> None:
+        """The sender thread: queued commands down the pipe, in order, until `stop`."""
+        while (message := self._outbox.get()) is not None:
             try:
                 self._conn.send(message)
-            except (OSError, EOFError, ValueError):  # closed, broken pipe
-                return False
-        return True
+            except (OSError, EOFError, ValueError):  # the child is gone: what is left is dropped
+                pass
 
     def _read(self) -> None:
         """The reader thread: the child's outcomes to their jobs, its states to their waiters, until it exits."""
@@ -210,9 +223,17 @@ class EngineProcess(EngineClient):
         code = self._process.exitcode
         self._running = 0
         stopped = self._stopping.is_set() and code == 0
-        self._end_all(None if stopped else f"the engine process exited (code {code})")
+        why = self._gone = f"the engine process exited (code {code})"
+        for future in list(self._states.values()):  # /server_info waiting on a state that will not come
+            future.get_loop().call_soon_threadsafe(_fail, future, SpecdeployError(why))
+        self._end_all(None if stopped else why)
 
 
 def _resolve(future: asyncio.Future, value: Any) -> None:
     if not future.done():  # its waiter may have timed out
         future.set_result(value)
+
+
+def _fail(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
