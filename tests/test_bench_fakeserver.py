@@ -86,6 +86,13 @@ def test_events_have_the_reference_servers_shapes(servers: tuple[str, str], rout
     path, body = REQUESTS[route]
     body = {**body, **STREAMS[stream]}
     real, fake = answer(real_url, path, body), answer(fake_url, path, body)
+    for _ in range(
+        10
+    ):  # a stream read while the server was behind folds its steps into fewer events, down to
+        # the last one alone, which leaves no event before the last to compare: ask again
+        if not body.get("stream") or len(real) > 1:
+            break
+        real = answer(real_url, path, body)
     assert shapes(fake) == shapes(real)
     for key in ("object", "model"):  # the values every OpenAI event must carry, as the real server sets them
         assert [e.get(key) for e in fake] == [real[0].get(key)] * len(fake)
