@@ -80,9 +80,9 @@ COST_WINDOW = 32  # recent steps per budget whose corrections are kept (median: 
 LOAD_WINDOW = 8
 WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
 EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of the best by the start-up cost
-# on a GPU, the share of the time that drafting steps breaking a run of AR steps may take (they only keep the
-# trees' predictions fresh: costs need no budget measured apart there); a twentieth left Qwen3-8B's shape with
-# random weights at 0.95x AR's throughput at 64 requests (H200)
+# on a GPU, the share of the time that drafting steps breaking a run of AR steps may take: they only keep the
+# trees' predictions fresh (costs need no budget measured apart there), and where drafting does not pay (random
+# weights) that time is lost, a twentieth of it at the CPU's cadence
 GPU_EXPLORE_SHARE = 0.02
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
