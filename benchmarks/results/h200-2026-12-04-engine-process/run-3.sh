@@ -14,7 +14,7 @@ OUT=$R timeout 300 bash /tmp/c.sh qwen3-8b > $R/campaign-qwen3-8b.log 2>&1
 log campaign
 profile() {  # tag budget
     tag=$1; budget=$2; port=31000
-    py-spy record --nonblocking --subprocesses --rate 250 --format raw -o $R/prof/server-$tag.txt -- python3 -m specdeploy.cli serve --target zoo:tiny-code --mode ddtree --budget $budget --max-running-requests 64 --device cuda --port $port --log-level warning --context-length 2048 > $R/prof/srv-$tag.log 2>&1 &
+    py-spy record --nonblocking --subprocesses --threads --rate 250 --format raw -o $R/prof/server-$tag.txt -- python3 -m specdeploy.cli serve --target zoo:tiny-code --mode ddtree --budget $budget --max-running-requests 64 --device cuda --port $port --log-level warning --context-length 2048 > $R/prof/srv-$tag.log 2>&1 &
     spy=$!
     for i in $(seq 180); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
     timeout 45 py-spy record --nonblocking --rate 250 --format raw -o $R/prof/client-$tag.txt -- python3 -m specdeploy.cli bench --url http://127.0.0.1:$port --dataset humaneval --concurrency 64 --duration 8 --warmup 2 --max-new-tokens 128 --out /tmp/b-$tag > $R/prof/bench-$tag.log 2>&1
