@@ -269,6 +269,30 @@ def test_sharded_checkpoint_loads(checkpoints, tmp_path: Path) -> None:
     assert (logits - reference_logits(reference, ids)).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_models_are_built_without_running_initialisers(checkpoints, variant: str, monkeypatch) -> None:
+    """Built on the meta device, every weight comes from the checkpoint: an initialiser makes no values there, and
+    the first one imports torch._dynamo (seconds of a server's start-up). torch.nn.init's functions all end in a
+    Tensor method of the same name (normal_, uniform_, ...); none may run, while the logits stay right."""
+    calls: list[str] = []
+    for name in ("normal_", "uniform_", "zero_", "fill_", "exponential_"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _n=name, _m=method, **k: (calls.append(_n), _m(self, *a, **k))[1],
+        )
+    reference, path = checkpoints[variant]
+    meta = load_target(path, device="meta")
+    model = load_target(path)
+    assert calls == []
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    ids = tokens(6, 10)
+    with torch.no_grad():
+        logits, _ = target_pass(model, ids, positions(0, 6))
+    assert (logits - reference_logits(reference, ids)).abs().max() <= 1e-4
+
+
 def test_kimi_wrapper_loads_text_model(checkpoints, tmp_path: Path) -> None:
     reference, path = checkpoints["deepseek-v3-kimi"]
     text_config = json.loads((path / "config.json").read_text())

@@ -7,9 +7,10 @@ reader that checks every name and shape, so no memory is spent on a random initi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,31 @@ SUPPORTED = ", ".join([*FAMILIES, *WRAPPERS])
 EXTRA_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device without their parameter initialisers (`torch.nn.init`'s in-place
+    functions, as transformers' `no_init_weights` does): on meta they make no values, yet the first one imports
+    torch._dynamo, 1-2 s of every process's start-up (a server's two processes included). Not thread-safe:
+    the functions are swapped for the block's duration."""
+    initialisers = {
+        name: function
+        for name, function in vars(torch.nn.init).items()
+        if name.endswith("_") and not name.startswith("_") and callable(function)
+    }
+    for name in initialisers:
+        setattr(torch.nn.init, name, _keep)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, function in initialisers.items():
+            setattr(torch.nn.init, name, function)
+
+
+def _keep(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return tensor
+
+
 def load_target(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> TargetModel:
@@ -71,7 +97,7 @@ def load_target(
     family, text_raw, prefix = resolve_family(raw)
     config = target_config(raw, text_raw, root)
     try:
-        with torch.device("meta"):
+        with on_meta():
             model = family(config)
     except KeyError as missing:
         raise SpecdeployError(
@@ -295,7 +321,7 @@ def load_drafter(
     device, no weights are read)."""
     path = Path(path).expanduser()
     config = read_drafter_config(path)
-    with torch.device("meta"):
+    with on_meta():
         drafter = DFlashDrafter(config)
     device = torch.device(device)
     if device.type == "meta":

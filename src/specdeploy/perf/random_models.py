@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdeploy.engine.drafter import DFlashDrafter
-from specdeploy.engine.loading import resolve_family, save_drafter, target_config
+from specdeploy.engine.loading import on_meta, resolve_family, save_drafter, target_config
 from specdeploy.engine.models.base import TargetModel
 from specdeploy.perf.shapes import Shape
 from specdeploy.zoo.byte_tokenizer import padded_byte_tokenizer, write_byte_tokenizer
@@ -55,7 +55,7 @@ def random_pair(
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # parameters are allocated in the model dtype from the start
     try:
-        with torch.device("meta"):
+        with on_meta():
             target = family(target_config(shape.target, text, None))
             drafter = DFlashDrafter(shape.drafter)
     finally:
