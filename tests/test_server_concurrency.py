@@ -187,6 +187,11 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
     loop = info["internal_states"][0]["engine_loop"]
     assert loop["prefill_tokens"] == sum(r["meta_info"]["prompt_tokens"] for r in replies)
     assert loop["steps"] == sum(described["steps_by_budget"].values()) <= loop["iterations"]
+    # each request's verify steps are the steps it ran in: summed over requests, the rows of every step
+    rows = sum(r["meta_info"]["spec_verify_ct"] for r in replies)
+    assert loop["mean_running_requests"] == pytest.approx(rows / loop["steps"], abs=0.005)
+    assert 1 < loop["mean_running_requests"] <= 4  # the burst ran together, at most --max-running-requests
+    assert 0 < loop["busy_share"] <= 1
     parts = loop["ms_per_iteration"]
     assert set(parts) == {
         "prefill", "step", "policy", "policy_overlapped", "rest_of_iteration", "server_between_iterations"

@@ -36,11 +36,16 @@ class LoopTimes:
     """Where the iterations spent their time since the engine started or the times were last reset: prefill,
     the runner's steps (from launch to the host's copy of their tokens), the budget policy's choices, and the
     rest of `iterate` (stop rules, events, rows leaving). `policy_overlapped`, apart: the policy's
-    observations and rankings, done while a step runs (part of its time; on a GPU hidden by its kernels)."""
+    observations and rankings, done while a step runs (part of its time; on a GPU hidden by its kernels).
+    `step_rows`: the running requests summed over the steps (their mean shows how full the batch was)."""
 
     iterations: int = 0
     steps: int = 0
+    step_rows: int = 0
     prefill_tokens: int = 0
+    started: float = field(
+        default_factory=time.perf_counter
+    )  # when these times began (engine start or reset)
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("iterate", "prefill", "step", "policy", "policy_overlapped"), 0.0
@@ -54,6 +59,7 @@ class LoopTimes:
         return {
             "iterations": self.iterations,
             "steps": self.steps,
+            "mean_running_requests": round(self.step_rows / max(self.steps, 1), 2),
             "prefill_tokens": self.prefill_tokens,
             "ms_per_iteration": {
                 **parts,
@@ -270,6 +276,7 @@ class BatchEngine:
         seconds = time.perf_counter() - started
         self._last_step_end = started + seconds  # what follows (events, a server's delivery) is overhead
         self.loop.steps += 1
+        self.loop.step_rows += len(results)
         self.loop.seconds["step"] += seconds
         predicted = self._predicted(budget, expected, len(results)) if policy is not None else None
         for row, (request, (tokens, verified)) in enumerate(zip(self.running, results, strict=True)):
