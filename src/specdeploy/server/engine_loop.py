@@ -128,8 +128,8 @@ class EngineLoop:
             times["ms_per_iteration"]["server_between_iterations"] = round(
                 1e3 * self._between_s / max(self._between_count, 1), 4
             )
-            # the rest of the time no request was held: under a closed loop of many clients, a share well
-            # below 1 means requests arrive in waves (they spend that time between the engine and the clients)
+            # the rest of the time no request was held: below 1 under many concurrent clients, the requests spent
+            # that time outside the engine (in the server, the client, or between them)
             elapsed = time.perf_counter() - loop.started
             busy = loop.seconds["iterate"] + self._between_s
             times["busy_share"] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else None
