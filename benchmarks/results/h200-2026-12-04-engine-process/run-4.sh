@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Next device call (not yet run): the Qwen3-8B-shape campaign alone (12 s cells need about 330 s), then the
+# tiny-code campaign of run-2.sh if the call has time left; both keep /server_info's engine_loop after every cell,
+# with its mean running requests and busy share. Run from the repository root with OUT set.
+set -u
+R=$OUT; mkdir -p $R/states
+log() { echo "$1 $(date +%T)" >> $R/log.txt; }
+log start
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/machine.txt
+sed -e 's/^duration_s = 8/duration_s = 12/' examples/campaign-cuda-qwen3-8b-random-auto.toml > examples/_qwen.toml
+sed -e 's#examples/campaign-cuda-qwen3-8b-random-auto.toml#examples/_qwen.toml#' benchmarks/gpu_auto_budget_campaign.sh > /tmp/q.sh
+OUT=$R timeout 420 bash /tmp/q.sh qwen3-8b > $R/campaign-qwen3-8b.log 2>&1
+log qwen
+for f in runs/cuda-qwen3-8b-auto/runs/*/*/server_states.jsonl; do cp "$f" "$R/states/$(echo $f | tr / _)"; done
+tar czf $R/states.tgz -C $R states && rm -rf $R/states
