@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Next device call (not yet run): the Qwen3-8B-shape campaign alone (12 s cells need about 330 s), then the
-# tiny-code campaign of run-2.sh if the call has time left; both keep /server_info's engine_loop after every cell,
-# with its mean running requests and busy share. Run from the repository root with OUT set.
+# Next device call (not yet run): the Qwen3-8B-shape campaign alone (12 s cells need about 330 s); its cells'
+# /server_info engine_loop (mean running requests, busy share) are kept. The tiny-code campaign is run-2.sh's,
+# in a call of its own. Run from the repository root with OUT set.
 set -u
 R=$OUT; mkdir -p $R/states
 log() { echo "$1 $(date +%T)" >> $R/log.txt; }
