@@ -8,7 +8,8 @@ tokenizer and config) runs in a child process over an engine that computes nothi
 every running request `--tokens-per-step` tokens cut from a code text. `specdeploy bench` (HumanEval, streamed
 /generate, 128 new tokens, another process) then measures output tok/s at each concurrency; the figure is the
 server's ceiling for that tokens-per-step, and the engine loop's times from /server_info say where the
-iterations' time went. `--switch-interval-ms` sets the server's interpreter switch interval (default: the
+iterations' time went; the mean time to first token is given as the client saw it, from the request's arrival in
+the server, and from its admission into the engine loop. `--switch-interval-ms` sets the server's interpreter switch interval (default: the
 server's own).
 """
 
@@ -163,12 +164,18 @@ def measure(args: argparse.Namespace) -> None:
     for state in states:
         cell = summary["cells"][state["cell"]]
         concurrency, tok_s = cell["key"]["concurrency"], cell["metrics"]["output_tok_s"]
-        loop = state["internal_states"][0]["engine_loop"]
-        cells.append({"concurrency": concurrency, "output_tok_s": round(tok_s, 1), "engine_loop": loop})
+        internal = state["internal_states"][0]
+        loop, latency = internal["engine_loop"], internal["server_latency"]
+        ttft = cell["metrics"]["ttft_ms"]["mean"]
+        cells.append({"concurrency": concurrency, "output_tok_s": round(tok_s, 1), "client_ttft_ms_mean": ttft,
+                      "server_latency": latency, "engine_loop": loop})  # fmt: skip
         ms = loop["ms_per_iteration"]
         print(f"c={concurrency:3d}  {tok_s:9.1f} tok/s  iteration: step {ms['step']:.3f} "
               f"ms, rest {ms['rest_of_iteration']:.3f} ms, server between {ms['server_between_iterations']:.3f} ms",
               flush=True)  # fmt: skip
+        print(f"       time to first token, mean: client {ttft:.1f} ms, server (from arrival) "
+              f"{latency['ttft_ms_mean']:.1f} ms, engine loop (from admission) {loop['ms_admitted_to_first_token']:.1f} "
+              f"ms; engine loop busy {100 * loop['busy_share']:.0f}% of the cell", flush=True)  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=1))
 

@@ -200,6 +200,16 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
         parts["step"] > 0 and parts["prefill"] > 0 and parts["policy"] > 0 and parts["policy_overlapped"] > 0
     )
     assert flushed["internal_states"][0]["engine_loop"]["iterations"] == 0  # /flush_cache restarts them
+    # where a first token's wait went: every request was timed in the server, none since the flush
+    latency = info["internal_states"][0]["server_latency"]
+    assert latency["requests"] == len(replies)
+    assert 0 < latency["ttft_ms_mean"] <= latency["e2e_ms_mean"]
+    assert 0 < loop["ms_admitted_to_first_token"] <= latency["ttft_ms_mean"]  # the engine's part of it
+    assert flushed["internal_states"][0]["server_latency"] == {
+        "requests": 0,
+        "ttft_ms_mean": None,
+        "e2e_ms_mean": None,
+    }
 
 
 def test_serve_refuses_bad_batching_settings(random_pair: tuple[Path, Path]) -> None:

@@ -48,6 +48,10 @@ class EngineLoop:
         # outcomes, taking new requests), and the iterations counted, since start or `reset_loop_times`
         self._between_s, self._between_count = 0.0, 0
         self._iterated_at: float | None = None  # the last iteration's end, while requests stay held
+        # from admission to the iteration that made a request's first token: request id -> admitted at, and
+        # the seconds summed and requests counted since start or `reset_loop_times`
+        self._admitted_at: dict[int, float] = {}
+        self._first_s, self._first_count = 0.0, 0
 
     @property
     def busy(self) -> bool:
@@ -61,6 +65,7 @@ class EngineLoop:
             return str(exc) if isinstance(exc, SpecdeployError) else f"{type(exc).__name__}: {exc}"
         self.held[rid] = request
         self._ids[request] = rid
+        self._admitted_at[rid] = time.perf_counter()
         return None
 
     def cancel(self, rid: int) -> None:
@@ -83,10 +88,16 @@ class EngineLoop:
             self.release_all()
             self.engine = self.make_engine()
             return outcomes
-        self._iterated_at = time.perf_counter()  # what follows, handing on the outcomes, is the server's work
+        self._iterated_at = now = (
+            time.perf_counter()
+        )  # what follows, handing on the outcomes, is the server's work
         outcomes = []
         for event in events:
             rid = self._ids[event.request]
+            admitted = self._admitted_at.pop(rid, None)
+            if admitted is not None and event.step is not None:  # this request's first token
+                self._first_s += now - admitted
+                self._first_count += 1
             if event.step is None:  # this request alone failed; the others go on
                 log.error("a request failed: %s", event.error)
                 outcomes.append((rid, event.error, None))
@@ -98,6 +109,7 @@ class EngineLoop:
         ended = [rid for rid, request in self.held.items() if request.finished or request.cancelled]
         for rid in ended:
             del self._ids[self.held.pop(rid)]
+            self._admitted_at.pop(rid, None)
             outcomes.append((rid, None, None))
         if not self.held:
             self._iterated_at = None  # the wait for requests is not the server's work
@@ -108,6 +120,7 @@ class EngineLoop:
         rids = list(self.held)
         self.held.clear()
         self._ids.clear()
+        self._admitted_at.clear()
         self._iterated_at = None
         return rids
 
@@ -133,6 +146,9 @@ class EngineLoop:
             elapsed = time.perf_counter() - loop.started
             busy = loop.seconds["iterate"] + self._between_s
             times["busy_share"] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else None
+            times["ms_admitted_to_first_token"] = (
+                round(1e3 * self._first_s / self._first_count, 3) if self._first_count else None
+            )
             state["loop"] = times
         policy = getattr(engine, "policy", None)
         if policy is not None:
@@ -144,3 +160,4 @@ class EngineLoop:
         if hasattr(self.engine, "loop"):
             self.engine.loop = type(self.engine.loop)()
         self._between_s, self._between_count = 0.0, 0
+        self._first_s, self._first_count = 0.0, 0

@@ -107,6 +107,9 @@ async def server_info(request: Request) -> dict[str, Any]:
     avg = service.stats.avg_accept_length
     if service.spec.num_draft_tokens is not None and avg is not None:
         internal["avg_spec_accept_length"] = avg
+    # arrival in this server to first and last step; with the engine loop's own admitted-to-first-token time,
+    # it tells where a client's time to first token goes
+    internal["server_latency"] = service.stats.latency()
     state = await service.worker.engine_state()
     if state["policy"] is not None:
         internal["ddtree_budget_policy"] = state["policy"]

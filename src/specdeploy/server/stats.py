@@ -19,6 +19,7 @@ class ServerStats:
         self._lock = threading.Lock()
         self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
         self._verify_steps = 0
+        self._latency = [0, 0.0, 0.0]  # since boot or the last flush: requests timed, summed TTFT and e2e (s)
         self.registry = CollectorRegistry()
         self.requests = Counter("sglang:num_requests", "Requests finished", registry=self.registry)
         self.aborted = Counter("sglang:num_aborted_requests", "Requests aborted", registry=self.registry)
@@ -67,16 +68,32 @@ class ServerStats:
         with self._lock:
             self._accepted_tokens += sum(gen.accept_lengths)
             self._verify_steps += gen.verify_ct
+            if gen.ttft is not None and gen.finished_at is not None:
+                self._latency[0] += 1
+                self._latency[1] += gen.ttft
+                self._latency[2] += gen.finished_at - gen.arrived_at
 
     @property
     def avg_accept_length(self) -> float | None:
         with self._lock:
             return self._accepted_tokens / self._verify_steps if self._verify_steps else None
 
+    def latency(self) -> dict[str, float | int | None]:
+        """Mean time to first token and end-to-end latency of the requests finished since boot or the last
+        flush, from their arrival in the server (prompt parsed and tokenised) to their first and last step."""
+        with self._lock:
+            count, ttft, e2e = self._latency
+        return {
+            "requests": count,
+            "ttft_ms_mean": round(1e3 * ttft / count, 3) if count else None,
+            "e2e_ms_mean": round(1e3 * e2e / count, 3) if count else None,
+        }
+
     def flush(self) -> None:
-        """Restart the cumulative accept length, as SGLang's /flush_cache does."""
+        """Restart the cumulative accept length, as SGLang's /flush_cache does, and the mean latencies."""
         with self._lock:
             self._accepted_tokens = self._verify_steps = 0
+            self._latency = [0, 0.0, 0.0]
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)
