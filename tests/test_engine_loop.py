@@ -50,6 +50,6 @@ def test_the_loop_reports_its_mean_running_requests_busy_share_and_wait_for_a_fi
     assert described["busy_share"] == pytest.approx(worked / elapsed, abs=0.05)
     assert described["busy_share"] < 1 - 0.25 / elapsed  # the idle 0.3 s are not counted
     assert len(waits) == 3 and min(waits) >= 0.05
-    assert described["ms_admitted_to_first_token"] == pytest.approx(1e3 * sum(waits) / 3, abs=2.0)
+    assert described["ms_admitted_to_first_token"] == pytest.approx(1e3 * sum(waits) / 3, abs=5.0)
     loop.reset_loop_times()
     assert loop.state()["loop"]["ms_admitted_to_first_token"] is None  # none since the reset
