@@ -9,7 +9,8 @@ every running request `--tokens-per-step` tokens cut from a code text. `specdepl
 /generate, 128 new tokens, another process) then measures output tok/s at each concurrency; the figure is the
 server's ceiling for that tokens-per-step, and the engine loop's times from /server_info say where the
 iterations' time went; the mean time to first token is given as the client saw it, from the request's arrival in
-the server, and from its admission into the engine loop. `--switch-interval-ms` sets the server's interpreter switch interval (default: the
+the server, from its admission into the engine loop, and for the first token's handoff from the engine thread to
+the event loop. `--switch-interval-ms` sets the server's interpreter switch interval (default: the
 server's own).
 """
 
@@ -175,7 +176,8 @@ def measure(args: argparse.Namespace) -> None:
               flush=True)  # fmt: skip
         print(f"       time to first token, mean: client {ttft:.1f} ms, server (from arrival) "
               f"{latency['ttft_ms_mean']:.1f} ms, engine loop (from admission) {loop['ms_admitted_to_first_token']:.1f} "
-              f"ms; engine loop busy {100 * loop['busy_share']:.0f}% of the cell", flush=True)  # fmt: skip
+              f"ms, handoff to the event loop {latency['first_token_handoff_ms_mean']:.1f} ms; engine loop busy "
+              f"{100 * loop['busy_share']:.0f}% of the cell", flush=True)  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=1))
 

@@ -205,10 +205,14 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
     assert latency["requests"] == len(replies)
     assert 0 < latency["ttft_ms_mean"] <= latency["e2e_ms_mean"]
     assert 0 < loop["ms_admitted_to_first_token"] <= latency["ttft_ms_mean"]  # the engine's part of it
+    # the handoff to the event loop comes after the engine made the token
+    handoff = latency["first_token_handoff_ms_mean"]
+    assert 0 <= handoff <= latency["ttft_ms_mean"] - loop["ms_admitted_to_first_token"]
     assert flushed["internal_states"][0]["server_latency"] == {
         "requests": 0,
         "ttft_ms_mean": None,
         "e2e_ms_mean": None,
+        "first_token_handoff_ms_mean": None,
     }
 
 

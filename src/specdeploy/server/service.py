@@ -145,7 +145,7 @@ class EngineService:
             if not gen.finished:  # the consumer left early: the client disconnected
                 gen.abort("The client disconnected before the generation finished.", 499)
             gen.budgets, gen.predicted = job.budgets[: gen.verify_ct], job.predicted[: gen.verify_ct]
-            self.stats.record(gen)
+            self.stats.record(gen, job.first_step_at)
 
     async def complete(self, gen: Generation, job: Job, request: Request | None = None) -> Generation:
         """Run `job` to its end (non-streaming); an abort becomes an error answer with its status, as in SGLang."""

@@ -19,7 +19,8 @@ class ServerStats:
         self._lock = threading.Lock()
         self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
         self._verify_steps = 0
-        self._latency = [0, 0.0, 0.0]  # since boot or the last flush: requests timed, summed TTFT and e2e (s)
+        # since boot or the last flush: requests timed, their summed TTFT, e2e latency and first-token handoff (s)
+        self._latency = [0, 0.0, 0.0, 0.0]
         self.registry = CollectorRegistry()
         self.requests = Counter("sglang:num_requests", "Requests finished", registry=self.registry)
         self.aborted = Counter("sglang:num_aborted_requests", "Requests aborted", registry=self.registry)
@@ -52,8 +53,9 @@ class ServerStats:
         Gauge("sglang:num_queue_reqs", "Requests waiting", registry=self.registry).set_function(queue_size)
         Gauge("sglang:num_running_reqs", "Requests running", registry=self.registry).set_function(running)
 
-    def record(self, gen: Generation) -> None:
-        """Count one finished (or aborted) generation."""
+    def record(self, gen: Generation, first_step_at: float | None = None) -> None:
+        """Count one finished (or aborted) generation; `first_step_at`: when the engine side handed its first
+        step over (the first token's handoff lasts until the event loop took it)."""
         if gen.finish_reason is not None and gen.finish_reason["type"] == "abort":
             self.aborted.inc()
         self.requests.inc()
@@ -68,10 +70,11 @@ class ServerStats:
         with self._lock:
             self._accepted_tokens += sum(gen.accept_lengths)
             self._verify_steps += gen.verify_ct
-            if gen.ttft is not None and gen.finished_at is not None:
+            if gen.ttft is not None and gen.finished_at is not None and first_step_at is not None:
                 self._latency[0] += 1
                 self._latency[1] += gen.ttft
                 self._latency[2] += gen.finished_at - gen.arrived_at
+                self._latency[3] += gen.first_token_at - first_step_at
 
     @property
     def avg_accept_length(self) -> float | None:
@@ -79,21 +82,24 @@ class ServerStats:
             return self._accepted_tokens / self._verify_steps if self._verify_steps else None
 
     def latency(self) -> dict[str, float | int | None]:
-        """Mean time to first token and end-to-end latency of the requests finished since boot or the last
-        flush, from their arrival in the server (prompt parsed and tokenised) to their first and last step."""
+        """Means over the requests finished since boot or the last flush: time to first token and end-to-end
+        latency from their arrival in the server (prompt parsed and tokenised) to their first and last step, and
+        the first token's handoff, from the engine side handing it over (worker thread, or the engine process's
+        reader thread) to the event loop taking it (a busy event loop shows here)."""
         with self._lock:
-            count, ttft, e2e = self._latency
+            count, ttft, e2e, handoff = self._latency
         return {
             "requests": count,
             "ttft_ms_mean": round(1e3 * ttft / count, 3) if count else None,
             "e2e_ms_mean": round(1e3 * e2e / count, 3) if count else None,
+            "first_token_handoff_ms_mean": round(1e3 * handoff / count, 3) if count else None,
         }
 
     def flush(self) -> None:
         """Restart the cumulative accept length, as SGLang's /flush_cache does, and the mean latencies."""
         with self._lock:
             self._accepted_tokens = self._verify_steps = 0
-            self._latency = [0, 0.0, 0.0]
+            self._latency = [0, 0.0, 0.0, 0.0]
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)

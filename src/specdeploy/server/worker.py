@@ -39,6 +39,7 @@ class Job:
     on_cancel: Callable[[], None] | None = None  # tells an engine in another process
     budgets: list[int] = field(default_factory=list)  # the DDTree budget of each step, when it varies
     predicted: list[float] = field(default_factory=list)  # the tokens predicted for each step, when it varies
+    first_step_at: float | None = None  # when the engine side handed its first step over (perf_counter)
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
@@ -135,6 +136,8 @@ class EngineClient(ABC):
                 continue
             if isinstance(outcome, Step):
                 self.last_step_at = time.perf_counter()
+                if job.first_step_at is None:
+                    job.first_step_at = self.last_step_at
                 if adaptive is not None:
                     job.budgets.append(adaptive[0])
                     job.predicted.append(adaptive[1])
