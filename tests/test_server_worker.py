@@ -213,7 +213,7 @@ class ByteTokenizer:
 def test_steps_queued_while_the_server_was_behind_reach_the_stream_as_one_event() -> None:
     # SGLang's tokenizer manager streams a request's latest output alike when it falls behind
     recorded: list[Generation] = []
-    service = SimpleNamespace(stats=SimpleNamespace(record=recorded.append))
+    service = SimpleNamespace(stats=SimpleNamespace(record=lambda gen, first_step_at: recorded.append(gen)))
 
     async def main() -> list[list[int]]:
         gen = Generation(
