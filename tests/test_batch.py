@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -887,6 +888,38 @@ def assert_step_predictions_are_the_trees_own(target, drafter) -> None:
     assert (
         len(predictions) == engine.loop.steps and len({str(p) for p in predictions}) > len(predictions) // 2
     )
+
+
+def test_the_first_drafting_steps_and_the_first_after_ar_steps_predict(pairs, monkeypatch):
+    """Predicting on every drafting step costs a small model's GPU step 13%, so steps predict every `every`-th;
+    but the calibration must not rest on a few steps far apart, nor wait through a run of AR steps for an
+    exploring step that happens to predict: the first drafting steps all predict, and so does the first one
+    after at least `every` steps without a prediction."""
+    import specdeploy.engine.step as step_module
+
+    monkeypatch.setattr(step_module, "PREDICT_WARMUP", 3)
+    cycle = [4] * 10 + [0] * 6  # ten drafting steps, then six AR steps, again and again
+    policy = scripted_policy(cycle)
+    engine = BatchEngine(*pairs["qwen3"], "ddtree", 4, max_running=1, max_context=256, policy=policy)
+    runner = engine.runner
+    runner.predict_acceptance(policy.drafting, every=5)
+    runner_step, steps = runner.step, []
+
+    def step(budget, while_running=None):
+        results = runner_step(budget, while_running)
+        steps.append((budget, runner.expected is not None))
+        return results
+
+    runner.step = step
+    run(engine, [(0, [3, 17, 9], SamplingParams(max_new_tokens=60, ignore_eos=True))])
+    predicted = [i for i, (_, p) in enumerate(steps) if p]
+    drafting = [i for i, (budget, _) in enumerate(steps) if budget > 0]
+    assert len(steps) >= 2 * len(cycle) and all(steps[i][0] > 0 for i in predicted)
+    assert predicted[:3] == drafting[:3]  # the warm-up: the first three drafting steps
+    after_ar = [i for i in drafting if i >= 6 and all(b == 0 for b, _ in steps[i - 6 : i])]
+    assert after_ar and set(after_ar) <= set(predicted)  # the first drafting step after six AR steps
+    gaps = [b - a for a, b in itertools.pairwise(predicted[2:])]
+    assert all(gap >= 5 for gap in gaps)  # then never closer than every five steps
 
 
 def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):

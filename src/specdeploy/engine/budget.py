@@ -219,7 +219,10 @@ class BudgetPolicy:
         self.predicted = dict.fromkeys(self.drafting, 0.0)  # running mean of the trees' predictions
         self.predictions = 0  # drafting steps whose trees predicted every budget
         self.realised = dict.fromkeys(self.budgets, 0.0)  # running mean of tokens committed, at each budget
-        self.predicted_at = dict.fromkeys(self.budgets, 0.0)  # the same steps' prediction for that budget
+        self.predicted_at = dict.fromkeys(
+            self.budgets, 0.0
+        )  # the trees' prediction on steps run at that budget
+        self.predicted_samples = dict.fromkeys(self.budgets, 0)  # steps run at that budget that predicted
         self.samples = dict.fromkeys(self.budgets, 0)
         # running means over drafting steps of the accepted draft tokens realised and predicted (at the budget run)
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
@@ -481,8 +484,9 @@ class BudgetPolicy:
             self.predicted[b] = running_mean(self.predicted[b], mean, self.predictions)
         if budget > 0:
             predicted = means[self.drafting.index(budget)]
+            self.predicted_samples[budget] += 1
             self.predicted_at[budget] = running_mean(
-                self.predicted_at[budget], predicted, self.samples[budget]
+                self.predicted_at[budget], predicted, self.predicted_samples[budget]
             )
             self.calibration_steps += 1
             count = self.calibration_steps
@@ -526,7 +530,7 @@ class BudgetPolicy:
                 b: round(self.realised[b], 3) for b in self.budgets if self.samples[b]
             },
             "tree_predicted_accept_length_on_steps_run_by_budget": {
-                b: round(self.predicted_at[b], 3) for b in self.drafting if self.samples[b]
+                b: round(self.predicted_at[b], 3) for b in self.drafting if self.predicted_samples[b]
             },
             "calibration": round(self.calibration(), 4),
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},

@@ -69,6 +69,9 @@ PENDING_BLOCKS = 4
 # budget-64 step (tiny-code on an H200, 0.716 against 0.633 ms); every fourth still left auto's step 0.03 ms
 # (5%) above it in a server, and the policy's running means (EWMA) barely move between steps
 PREDICT_EVERY = 16
+# the first drafting steps all predict: the policy's calibration (realised over predicted drafts) then rests on
+# this many steps from the start, not on three steps 16 apart
+PREDICT_WARMUP = 16
 DEFAULT_PREFILL_TOKENS = 2048  # prompt tokens per prefill chunk; one chunk of this size costs about one step
 SMALLEST_PREFILL_BUCKET = 16
 
@@ -167,7 +170,11 @@ class StepRunner:
         self.sampling_ready = False  # a row has sampled: every tree size keeps verify logits
         self.curve_budgets: list[int] = []  # budgets whose expected acceptance DDTree steps predict
         self.predict_every = PREDICT_EVERY
-        self.drafting_steps = 0  # drafting steps run: every predict_every-th one predicts, the first included
+        # steps (AR ones included) since the last that predicted: a drafting step predicts once there have been
+        # predict_every, so the first drafting step does, and so does the first after a run of AR steps (else
+        # an exploring step would rarely predict, and a calibration learnt on few steps could keep AR chosen)
+        self.steps_since_prediction = PREDICT_EVERY
+        self.predictions_made = 0
         self.expected: list[list[float]] | None = None  # the last step's if it predicted: per row, per budget
         self._allocate()
 
@@ -176,15 +183,16 @@ class StepRunner:
         return len(self.running)
 
     def predict_acceptance(self, budgets: list[int], every: int = PREDICT_EVERY) -> None:
-        """Make every `every`-th drafting DDTree step predict, for each row, the tokens it would commit at each
-        of `budgets` (`expected_accept_lengths` over the step's own draft), read into `expected` after the
-        step (None after the others)."""
+        """Make DDTree drafting steps predict, for each row, the tokens it would commit at each of `budgets`
+        (`expected_accept_lengths` over the step's own draft), read into `expected` after the step (None after
+        the others): the first PREDICT_WARMUP drafting steps, then those with `every` steps or more (AR ones
+        included) since the last prediction."""
         if self.mode != "ddtree" or not budgets or min(budgets) < 1:
             raise SpecdeployError(f"acceptance is predicted for DDTree budgets of at least 1, got {budgets}")
         if every < 1:
             raise SpecdeployError(f"predict every 1 or more drafting steps, got {every}")
         self.curve_budgets = sorted(budgets)
-        self.predict_every = every
+        self.predict_every = self.steps_since_prediction = every
         self.expected_buffer = torch.ones(self.rows, len(budgets), device=self.device)
         # on a GPU the prediction comes back through pinned memory, copied before the step's tokens: their one
         # synchronisation brings both (a second `tolist` cost a synchronisation per predicting step)
@@ -547,8 +555,10 @@ class StepRunner:
             if size > 0 or pending + 1 > self.pending_limit:
                 catch_up = self.catch_up_size(pending)
         verify_window = self.window(max(prefixes) + size + 1)
-        predict = bool(self.curve_budgets) and size > 0 and self.drafting_steps % self.predict_every == 0
-        self.drafting_steps += size > 0
+        every = self.predict_every if self.predictions_made >= PREDICT_WARMUP else 1
+        predict = bool(self.curve_budgets) and size > 0 and self.steps_since_prediction >= every
+        self.steps_since_prediction = 1 if predict else self.steps_since_prediction + 1
+        self.predictions_made += predict
         self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed, predict)
         expected = None
         if predict:
