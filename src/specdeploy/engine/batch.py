@@ -43,9 +43,8 @@ class LoopTimes:
     steps: int = 0
     step_rows: int = 0
     prefill_tokens: int = 0
-    started: float = field(
-        default_factory=time.perf_counter
-    )  # when these times began (engine start or reset)
+    # when these times began (the engine's start, or a reset)
+    started: float = field(default_factory=time.perf_counter)
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("iterate", "prefill", "step", "policy", "policy_overlapped"), 0.0

@@ -219,10 +219,9 @@ class BudgetPolicy:
         self.predicted = dict.fromkeys(self.drafting, 0.0)  # running mean of the trees' predictions
         self.predictions = 0  # drafting steps whose trees predicted every budget
         self.realised = dict.fromkeys(self.budgets, 0.0)  # running mean of tokens committed, at each budget
-        self.predicted_at = dict.fromkeys(
-            self.budgets, 0.0
-        )  # the trees' prediction on steps run at that budget
-        self.predicted_samples = dict.fromkeys(self.budgets, 0)  # steps run at that budget that predicted
+        # the trees' prediction for a budget on the steps run at it, and how many of those predicted
+        self.predicted_at = dict.fromkeys(self.budgets, 0.0)
+        self.predicted_samples = dict.fromkeys(self.budgets, 0)
         self.samples = dict.fromkeys(self.budgets, 0)
         # running means over drafting steps of the accepted draft tokens realised and predicted (at the budget run)
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0

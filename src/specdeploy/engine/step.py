@@ -65,7 +65,7 @@ TIMED_STAGES = ("draft", "tree", "verify", "commit")  # accept is timed as part 
 # rows x PENDING_BLOCKS x block x (feature layers x hidden) values: 40 KiB a position for a Qwen3-8B drafter
 # (5 layers x 4096, bf16), so 160 MiB at 64 rows and blocks of 16.
 PENDING_BLOCKS = 4
-# drafting steps per acceptance prediction: predicting on every step made auto's step 13% slower than a fixed
+# steps (AR ones included) per acceptance prediction: predicting on every step made auto's step 13% slower than a fixed
 # budget-64 step (tiny-code on an H200, 0.716 against 0.633 ms); every fourth still left auto's step 0.03 ms
 # (5%) above it in a server, and the policy's running means (EWMA) barely move between steps
 PREDICT_EVERY = 16
@@ -190,7 +190,7 @@ class StepRunner:
         if self.mode != "ddtree" or not budgets or min(budgets) < 1:
             raise SpecdeployError(f"acceptance is predicted for DDTree budgets of at least 1, got {budgets}")
         if every < 1:
-            raise SpecdeployError(f"predict every 1 or more drafting steps, got {every}")
+            raise SpecdeployError(f"predict every 1 or more steps, got {every}")
         self.curve_budgets = sorted(budgets)
         self.predict_every = self.steps_since_prediction = every
         self.expected_buffer = torch.ones(self.rows, len(budgets), device=self.device)

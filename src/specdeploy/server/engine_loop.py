@@ -88,9 +88,8 @@ class EngineLoop:
             self.release_all()
             self.engine = self.make_engine()
             return outcomes
-        self._iterated_at = now = (
-            time.perf_counter()
-        )  # what follows, handing on the outcomes, is the server's work
+        # what follows, handing on the outcomes, is the server's work
+        self._iterated_at = now = time.perf_counter()
         outcomes = []
         for event in events:
             rid = self._ids[event.request]
