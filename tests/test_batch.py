@@ -162,7 +162,7 @@ def test_every_stage_captured_at_start_up_runs_under_inference_mode(pairs, monke
     monkeypatch.setattr(runner.graphs, "run", record)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     runner.capture([8])
-    assert {"prefill", "draft", "verify"} <= {stage for stage, _ in modes}
+    assert {"prefill", "move", "draft", "verify"} <= {stage for stage, _ in modes}
     assert all(inference for _, inference in modes), [m for m in modes if not m[1]]
 
 

@@ -98,13 +98,16 @@ class StaticCache:
         for buffer, value in zip(self.flat_entry(layer), values, strict=True):
             buffer.index_copy_(0, flat_slots, value.reshape(-1, *value.shape[2:]).to(buffer.dtype))
 
-    def copy_row(self, source: int, dest: int, length: int) -> None:
-        """Copy row `source`'s first `length` slots to row `dest` (a sequence moving rows)."""
+    def copy_row(self, source: torch.Tensor, dest: torch.Tensor, length: int) -> None:
+        """Copy row `source`'s first `length` slots to row `dest` (a sequence moving rows). The rows are
+        one-element tensors on the cache's device, so that a CUDA graph replays the copy for any pair."""
         for tensors in self.groups:
             for tensor in tensors:
-                tensor[:, dest, :length] = tensor[:, source, :length]
+                window = tensor[:, :, :length]
+                window.index_copy_(1, dest, window.index_select(1, source))
         if self.positions is not None:
-            self.positions[dest, :length] = self.positions[source, :length]
+            window = self.positions[:, :length]
+            window.index_copy_(0, dest, window.index_select(0, source))
         if self.recurrent is not None:
             self.recurrent.copy_row(source, dest)
 

@@ -88,9 +88,10 @@ class RecurrentCache:
         for tensor in self.tensors:
             tensor[:, row] = 0
 
-    def copy_row(self, source: int, dest: int) -> None:
+    def copy_row(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """Row `source`'s state to row `dest` (one-element tensors, as `StaticCache.copy_row`'s)."""
         for tensor in self.tensors:
-            tensor[:, dest] = tensor[:, source]
+            tensor.index_copy_(1, dest, tensor.index_select(1, source))
 
     def record(self, layer: int, rows: slice, tokens: int) -> tuple[torch.Tensor, ...]:
         """Where a verification of `tokens` tokens writes what `commit` needs, [B, T, ...] each: the conv

@@ -217,6 +217,10 @@ class StepRunner:
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.prefix, self.root, self.prompt_len = zeros.clone(), zeros.clone(), zeros.clone()
         self.row_index = torch.arange(rows, device=self.device)
+        # a row move's (source, dest), read by its stage; every pair is kept on the device, so that setting one
+        # is a single device copy
+        self.row_pairs = torch.stack(torch.meshgrid(self.row_index, self.row_index, indexing="ij"), dim=-1)
+        self.move_pair = torch.zeros(2, dtype=torch.long, device=self.device)
         self.live = torch.zeros(rows, dtype=torch.bool, device=self.device)  # the step's running rows
         self._live_shape: tuple[int, int] | None = None  # (rows, running) that `live` holds now
         self.acceptance = Acceptance(
@@ -351,8 +355,8 @@ class StepRunner:
     # CPU scalar copied to the GPU, which a capture refuses; other kernels, which round differently)
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, and the
-        prefill's for every chunk bucket, so that no request pays for a capture; returns how many graphs were
-        captured (none without CUDA graphs). Only while none runs or prefills."""
+        prefill's for every chunk bucket and the row move's for every window, so that no request pays for a
+        capture; returns how many graphs were captured (none without CUDA graphs). Only while none runs or prefills."""
         if not self.graphs.enabled:
             return 0
         if self.running or self._pending is not None:
@@ -361,6 +365,10 @@ class StepRunner:
         for bucket in self.prefill_buckets:
             self.prefill_count.zero_()  # a chunk of padding alone: it writes only the scratch slot
             self._run_prefill_chunk(bucket)
+        spare = self.rows - 1
+        self.move_pair.copy_(self.row_pairs[spare, spare])  # a row onto itself: it changes nothing
+        for window in self.windows():
+            self._run_move(window)
         for rows in self.row_buckets():
             for window in self.windows():
                 for budget in budgets:
@@ -514,18 +522,32 @@ class StepRunner:
         return last
 
     def _move_row(self, source: int, dest: int, length: int) -> None:
-        """Copy a sequence's cache entries (its first `length` slots) and per-row state to another row."""
+        """Copy a sequence's cache entries (its first `length` slots, up to the window that holds them) and
+        per-row state to another row, in one stage per window, replayed as a graph on a GPU (each copy
+        launched from here, a request's joining and leaving took as long as a tiny model's step)."""
         if source == dest:
             return
+        self.move_pair.copy_(self.row_pairs[source, dest])
+        self._run_move(self.window(length))
+        if self.uniforms.shape[2]:  # not in the stage: it grows with the longest sampling request
+            self.uniforms[dest] = self.uniforms[source]
+
+    def _run_move(self, window: int) -> None:
+        # no state to protect from the capture's warm-up: a copy run twice leaves what it left once
+        self.graphs.run(("move", window), lambda: self._move_stage(window))
+
+    def _move_stage(self, window: int) -> None:
+        """Row `move_pair[0]`'s first `window` cache slots and per-row state to row `move_pair[1]`."""
+        source, dest = self.move_pair[:1], self.move_pair[1:]
         for cache in (self.cache, self.draft_cache):
             if cache is not None:
-                cache.copy_row(source, dest, length)
-        tensors = [self.prefix, self.root, self.prompt_len, self.uniforms, self.out]
+                cache.copy_row(source, dest, window)
+        tensors = [self.prefix, self.root, self.prompt_len, self.out]
         tensors += [self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, self.sampling.greedy]
         if self.drafter is not None:
             tensors += [self.ctx, self.ctx_count]
         for tensor in tensors:
-            tensor[dest] = tensor[source]
+            tensor.index_copy_(0, dest, tensor.index_select(0, source))
 
     # -------------------------------------------------------------------------------------------- step
 
