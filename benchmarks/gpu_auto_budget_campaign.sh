@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One CUDA GPU, about 12 minutes: `--budget auto` against fixed budgets and AR under load, and `project`'s
+# One CUDA GPU, about 19 minutes: `--budget auto` against fixed budgets and AR under load, and `project`'s
 # prediction of an unmeasured budget, with NVML telemetry in every cell. Run from the repository root with
 # specdeploy importable (installed, or PYTHONPATH=src) and OUT set to a folder for the results:
 #   OUT=out bash benchmarks/gpu_auto_budget_campaign.sh [tiny-code|qwen3-8b|all]
-# tiny-code (about 7 minutes): HumanEval, AR and DDTree 16/32/64/auto at c = 1, 16, 64; report; project budget
-#   32 from 16 and 64.
+# tiny-code (about 7 minutes a round; the file has two, `rounds = 2`, every server started twice): HumanEval, AR
+#   and DDTree 16/32/64/auto at c = 1, 16, 64; report; project budget 32 from 16 and 64.
 # qwen3-8b (about 5 minutes): Qwen3-8B's shape with random weights (tau about 1): AR against auto at c = 1, 16, 64.
 # Campaigns resume where they stopped: run the script again after an interruption.
 set -euo pipefail

@@ -185,6 +185,67 @@ def test_interrupted_campaign_resumes_only_the_missing_cells(tmp_path: Path) -> 
     assert set(all_records(out).values()) == {1}  # no duplicated and no missing request
 
 
+def test_rounds_start_every_configuration_in_turn_each_measuring_its_own_repeats(tmp_path: Path) -> None:
+    """rounds = 2: the configurations start in order, then again; each start measures its round's repeats only,
+    every speculative cell is paired with the AR cell of its own repeat, and a resume interrupted in the second
+    round starts only what that round still misses."""
+    campaign = spec(tmp_path, modes=["ar", "ddtree"], ddtree_budgets=[8], repeats=1, rounds=2)
+    out = tmp_path / "campaign"
+    control = FakeControl()
+    served: dict[str, int] = {}  # cell -> the start (1-based, in campaign order) that measured it
+
+    def record_then_interrupt(cell: str, done: int, planned: int | None) -> None:
+        served.setdefault(cell, len(control.starts))
+        if cell == "target/custom/ddtree/b8/c2/rep1" and done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_campaign(campaign, out, control, log=lambda _: None, progress=record_then_interrupt)
+    assert control.starts == ["tp1-ar", "tp1-ddtree-b8", "tp1-ar", "tp1-ddtree-b8"]
+    assert served == {
+        "target/custom/ar/c1/rep0": 1,
+        "target/custom/ar/c2/rep0": 1,
+        "target/custom/ddtree/b8/c1/rep0": 2,
+        "target/custom/ddtree/b8/c2/rep0": 2,
+        "target/custom/ar/c1/rep1": 3,
+        "target/custom/ar/c2/rep1": 3,
+        "target/custom/ddtree/b8/c1/rep1": 4,
+        "target/custom/ddtree/b8/c2/rep1": 4,
+    }
+    state = read_state(out)
+    assert state.servers["tp1-ar"].status == "complete"
+    assert state.servers["tp1-ddtree-b8"].status == "interrupted"
+
+    resumed = FakeControl()
+    state = run_campaign(campaign, out, resumed, resume=True, log=lambda _: None)
+    assert resumed.starts == ["tp1-ddtree-b8"]  # round 1 is whole, and so is round 2's AR
+    assert all(server.status == "complete" for server in state.servers.values())
+    assert finished_cells(out) == expected_cells(campaign, out)
+    assert set(all_records(out).values()) == {1}
+    for cell in RunDirectory(out / "runs" / "tp1-ddtree-b8" / "custom").read_summary().cells.values():
+        assert (
+            cell.comparison.baseline_cell == f"target/custom/ar/c{cell.key.concurrency}/rep{cell.key.repeat}"
+        )
+    report = CliRunner().invoke(app, ["report", str(out), "--json"])
+    assert report.exit_code == 0, report.output
+    for row in json.loads(report.stdout)["rows"]:  # each round's repeat, and their mean
+        assert len(row["output_tok_s_by_repeat"]) == 2
+        assert row["output_tok_s"] == pytest.approx(sum(row["output_tok_s_by_repeat"]) / 2)
+    text = " ".join(plan_text(campaign, out).split())
+    assert "4 server starts" in text and "4. start tp1-ddtree-b8 (round 2 of 2)" in text
+    assert "c=1 c=2 x 1 repeat(s), 2/2 cells done" in text
+
+
+def plan_text(campaign: CampaignSpec, out: Path) -> str:
+    from rich.console import Console
+
+    from specdeploy.campaign.commands import plan_tree
+
+    console = Console(record=True, width=200)
+    console.print(plan_tree(campaign, server_configs(campaign), out, "reference"))
+    return console.export_text()
+
+
 def test_server_death_mid_cell_is_recorded_restarted_once_and_the_cell_retried(tmp_path: Path) -> None:
     campaign = spec(tmp_path, ddtree_budgets=[8])
     out = tmp_path / "campaign"

@@ -151,11 +151,13 @@ def run(
     resume: bool = False,
     progress: Progress | None = None,
     deployment: dict[str, Any] | None = None,
+    repeats: range | None = None,
 ) -> RunSummary:
-    """Run (or resume) a benchmark into `out`; `deployment` facts go into a new run's manifest."""
+    """Run (or resume) a benchmark into `out`; `deployment` facts go into a new run's manifest. `repeats`: measure
+    only the cells of these repeats (a campaign's round: one server start), the rest are left missing."""
     config.check()
     run_dir, config = open_run(config, out, resume)
-    return asyncio.run(_run(config, run_dir, progress or (lambda *_: None), deployment or {}))
+    return asyncio.run(_run(config, run_dir, progress or (lambda *_: None), deployment or {}, repeats))
 
 
 @dataclass
@@ -166,7 +168,11 @@ class _Server:
 
 
 async def _run(
-    config: BenchConfig, run_dir: RunDirectory, progress: Progress, deployment: dict[str, Any]
+    config: BenchConfig,
+    run_dir: RunDirectory,
+    progress: Progress,
+    deployment: dict[str, Any],
+    repeats: range | None,
 ) -> RunSummary:
     prompts = load_prompts(config.workload())
     baseline_run = RunDirectory(config.baseline_run) if config.baseline_run else None
@@ -183,7 +189,12 @@ async def _run(
             info = {role: await s.client.get_json("/server_info") for role, s in servers.items()}
             config = labelled_from_server(config, info["target"])
             run_dir.create(_manifest(config, deployment), info)
-        todo = [key for key in config.cells() if key.id not in run_dir.finished_cells()]
+        finished = run_dir.finished_cells()
+        todo = [
+            key
+            for key in config.cells()
+            if key.id not in finished and (repeats is None or key.repeat in repeats)
+        ]
         for role, server in servers.items():
             if any(key.role == role for key in todo):
                 await _warm_up(server, config, prompts)

@@ -29,14 +29,16 @@ def plan_tree(spec: CampaignSpec, servers: list[CampaignServer], out: Path, laun
     """The ordered server starts and, under each, its runs and cells (finished ones marked done)."""
     total = sum(len(run.cells()) for server in servers for run in bench_runs(spec, server, out))
     tree = Tree(
-        f"campaign {spec.name}: {len(servers)} server starts ({launcher} launcher), {total} cells, run "
-        "directories inside the campaign directory:"
+        f"campaign {spec.name}: {len(servers) * spec.rounds} server starts ({launcher} launcher), {total} cells, "
+        "run directories inside the campaign directory:"
     )
-    for index, server in enumerate(servers, 1):
-        branch = tree.add(f"{index}. start {server.id}: {server.plan.summary}")
+    starts = [(round_, server) for round_ in range(spec.rounds) for server in servers]
+    for index, (round_, server) in enumerate(starts, 1):
+        in_round = f" (round {round_ + 1} of {spec.rounds})" if spec.rounds > 1 else ""
+        branch = tree.add(f"{index}. start {server.id}{in_round}: {server.plan.summary}")
         for run in bench_runs(spec, server, out):
-            cells = run.cells()
-            done = len(cells) - len(run.missing_cells())
+            cells = [key for key in run.cells() if key.repeat in run.round_repeats(round_)]
+            done = len(cells) - len(run.missing_cells(round_))
             loads = dict.fromkeys(
                 f"c={key.concurrency}" if key.request_rate is None else f"{key.request_rate:g}req/s"
                 for key in cells

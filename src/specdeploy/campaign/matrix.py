@@ -1,9 +1,11 @@
 """The campaign's order of work: server configurations, each started once, and the runs each one serves.
 
 Order: per TP size, the AR server first, then every speculative configuration (DDTree once per
-budget). Each configuration runs every dataset as one bench run (concurrency x repeats cells); a
-speculative run names the AR run of the same TP and dataset as its baseline run, so each of its
-cells is paired with the AR cell of the same prompts, load point and repeat.
+budget); with `rounds` > 1 that order runs again, each server started once per round. Each
+configuration runs every dataset as one bench run (concurrency x repeats x rounds cells; round r
+measures repeats r * repeats to (r + 1) * repeats - 1); a speculative run names the AR run of the
+same TP and dataset as its baseline run, so each of its cells is paired with the AR cell of the same
+prompts, load point and repeat (so of the same round).
 
 Directory layout under the campaign's output directory::
 
@@ -57,6 +59,7 @@ class BenchRun:
     dataset: str
     path: Path
     config: BenchConfig  # its url is the plan's; the campaign swaps in the started server's
+    repeats_per_round: int = 1
 
     @property
     def label(self) -> str:
@@ -70,11 +73,21 @@ class BenchRun:
     def cells(self) -> list[CellKey]:
         return self.config.cells()
 
-    def missing_cells(self) -> list[CellKey]:
-        """Cells not yet finished, in run order (all of them before the run directory exists)."""
+    def round_repeats(self, round_: int) -> range:
+        """The repeats that round `round_` (from 0) measures."""
+        return range(round_ * self.repeats_per_round, (round_ + 1) * self.repeats_per_round)
+
+    def missing_cells(self, round_: int | None = None) -> list[CellKey]:
+        """Cells not yet finished, in run order (all of them before the run directory exists); of one round's
+        repeats when `round_` is given."""
         run_dir = RunDirectory(self.path)
         finished = run_dir.finished_cells() if run_dir.exists() else set()
-        return [key for key in self.cells() if key.id not in finished]
+        repeats = None if round_ is None else self.round_repeats(round_)
+        return [
+            key
+            for key in self.cells()
+            if key.id not in finished and (repeats is None or key.repeat in repeats)
+        ]
 
 
 def server_configs(spec: CampaignSpec, lock: LockFile | None = None) -> list[CampaignServer]:
@@ -156,7 +169,7 @@ def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[Be
                 num_prompts=spec.num_prompts,
                 concurrency=list(spec.concurrency),
                 request_rates=list(spec.request_rates),
-                repeats=spec.repeats,
+                repeats=spec.repeats * spec.rounds,
                 max_new_tokens=spec.max_new_tokens,
                 mode=server.plan.mode,
                 budget=server.plan.budget,
@@ -164,7 +177,7 @@ def bench_runs(spec: CampaignSpec, server: CampaignServer, out: Path) -> list[Be
                 **options,
             )
             path = out / RUNS_DIR / server.id / (dataset + thinking_suffix(thinking))
-            runs.append(BenchRun(server, dataset, path, config))
+            runs.append(BenchRun(server, dataset, path, config, spec.repeats))
     return runs
 
 

@@ -1,4 +1,5 @@
-"""Runs a campaign: each server configuration started once, all its runs measured, then stopped.
+"""Runs a campaign: each server configuration started once per round, its runs' cells of that round measured,
+then stopped; the rounds run one after the other (every configuration once, then again).
 
 A server that stops answering during a cell is recorded (state.json and the run's incomplete.jsonl),
 restarted once and the cell retried; a second death during the same cell marks it failed, and the
@@ -210,39 +211,46 @@ class CampaignRun:
         self.save()
 
     def execute(self, servers: list[CampaignServer], retry_failed: bool) -> CampaignState:
-        for index, server in enumerate(servers, 1):
-            state = self.state.server(server.id)
-            runs = bench_runs(self.spec, server, self.out)
-            where = f"[{index}/{len(servers)}] {server.id}"
-            if state.status == "failed" and not retry_failed:
-                self.log(f"{where}: failed earlier ({state.error}); skipped (--retry-failed runs it again)")
-                continue
-            state.complete_runs = [run.name for run in runs if not run.missing_cells()]
-            if len(state.complete_runs) == len(runs):
-                state.status = "complete"
-                self.save()
-                self.log(f"{where}: all cells finished")
-                continue
-            missing_baselines = [
-                r.name
-                for r in runs
-                if r.config.baseline_run and not RunDirectory(r.config.baseline_run).exists()
-            ]
-            if missing_baselines:
-                state.status, state.error = (
-                    "blocked",
-                    (
-                        f"no AR baseline run for {', '.join(missing_baselines)}: the AR configuration did not run"
-                    ),
-                )
-                self.save()
-                self.log(f"{where}: {state.error}; skipped")
-                continue
-            self.serve(server, state, runs, where)
+        rounds = self.spec.rounds
+        for round_ in range(rounds):
+            for index, server in enumerate(servers, 1):
+                where = f"[{index}/{len(servers)}] {server.id}"
+                if rounds > 1:
+                    where = f"[round {round_ + 1}/{rounds}] {where}"
+                self.execute_server(server, round_, where, retry_failed)
         return self.state
 
-    def serve(self, server: CampaignServer, state: ServerState, runs: list[BenchRun], where: str) -> None:
-        """Start the server once, measure every missing cell of its runs, stop it."""
+    def execute_server(self, server: CampaignServer, round_: int, where: str, retry_failed: bool) -> None:
+        """Start `server` for round `round_` if any of its cells of that round is missing, and measure them."""
+        state = self.state.server(server.id)
+        runs = bench_runs(self.spec, server, self.out)
+        if state.status == "failed" and not retry_failed:
+            self.log(f"{where}: failed earlier ({state.error}); skipped (--retry-failed runs it again)")
+            return
+        state.complete_runs = [run.name for run in runs if not run.missing_cells()]
+        if not any(run.missing_cells(round_) for run in runs):
+            if len(state.complete_runs) == len(runs):
+                state.status = "complete"
+            self.save()
+            self.log(f"{where}: all cells finished")
+            return
+        missing_baselines = [
+            r.name for r in runs if r.config.baseline_run and not RunDirectory(r.config.baseline_run).exists()
+        ]
+        if missing_baselines:
+            state.status, state.error = (
+                "blocked",
+                f"no AR baseline run for {', '.join(missing_baselines)}: the AR configuration did not run",
+            )
+            self.save()
+            self.log(f"{where}: {state.error}; skipped")
+            return
+        self.serve(server, state, runs, round_, where)
+
+    def serve(
+        self, server: CampaignServer, state: ServerState, runs: list[BenchRun], round_: int, where: str
+    ) -> None:
+        """Start the server once, measure every missing cell of round `round_` of its runs, stop it."""
         state.status, state.error, state.failed_cells = "running", None, []
         self.save()
         deployment: Deployment | None = None
@@ -250,12 +258,14 @@ class CampaignRun:
             self.log(f"{where}: starting ({server.plan.summary})")
             deployment = self.start(server, state)
             for run in runs:
-                if run.missing_cells():
+                if run.missing_cells(round_):
                     self.log(f"{where}: {run.label} -> {run.path}")
-                    deployment = self.measure(server, state, run, deployment)
-                    state.complete_runs.append(run.name)
+                    deployment = self.measure(server, state, run, round_, deployment)
+                    if not run.missing_cells():
+                        state.complete_runs.append(run.name)
                     self.save()
-            state.status = "complete"
+            # more rounds to come leave it pending
+            state.status = "complete" if len(state.complete_runs) == len(runs) else "pending"
         except (ServerFailed, CellFailed) as exc:
             state.status, state.error = "failed", str(exc)
             self.log(f"{where}: failed: {exc}; going on with the next configuration")
@@ -286,9 +296,10 @@ class CampaignRun:
             raise
 
     def measure(
-        self, server: CampaignServer, state: ServerState, run: BenchRun, deployment: Deployment
+        self, server: CampaignServer, state: ServerState, run: BenchRun, round_: int, deployment: Deployment
     ) -> Deployment:
-        """Run (or resume) one bench run; a death restarts the server once per cell. Returns the live server."""
+        """Run (or resume) round `round_` of one bench run; a death restarts the server once per cell. Returns
+        the live server."""
         while True:
             config = run.config.model_copy(update={"url": deployment.url})
             try:
@@ -298,12 +309,13 @@ class CampaignRun:
                     resume=RunDirectory(run.path).exists(),
                     progress=self.progress,
                     deployment=self.facts(server, deployment),
+                    repeats=run.round_repeats(round_),
                 )
                 return deployment
             except SpecdeployError as exc:
                 if self.control.healthy(deployment):
                     raise  # the server is fine: a problem of the campaign itself, not a death
-                missing = run.missing_cells()
+                missing = run.missing_cells(round_)
                 cell = missing[0].id if missing else "-"
                 state.deaths.append(
                     Death(

@@ -32,6 +32,8 @@ class ReportRow(BaseModel):
     requests: int
     errors: int
     output_tok_s: float
+    # each repeat's, in repeat order: how far they spread (a campaign's rounds are server starts of their own)
+    output_tok_s_by_repeat: list[float] = []
     requests_per_s: float
     tok_s_per_user_p50: float | None
     ttft_p50_ms: float | None
@@ -109,6 +111,7 @@ def _row(series: str, run: LoadedRun, cells: list[CellSummary]) -> ReportRow:
         requests=sum(c.metrics.n_requests for c in cells),
         errors=sum(c.metrics.n_errors for c in cells),
         output_tok_s=sum(c.metrics.output_tok_s for c in cells) / len(cells),
+        output_tok_s_by_repeat=[c.metrics.output_tok_s for c in sorted(cells, key=lambda c: c.key.repeat)],
         requests_per_s=sum(c.metrics.requests_per_s for c in cells) / len(cells),
         tok_s_per_user_p50=pooled.output_tok_s_per_user.p50,
         ttft_p50_ms=pooled.ttft_ms.p50,
