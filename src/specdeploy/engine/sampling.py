@@ -80,18 +80,27 @@ class RowSampling:
 
     @staticmethod
     def of(params: list[SamplingParams], device: torch.device | str) -> RowSampling:
+        rows = [RowSampling.settings(p) for p in params]
         return RowSampling(
-            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
-            top_k=torch.tensor([min(p.top_k, TOP_K_OFF) for p in params], device=device),
-            top_p=torch.tensor([p.top_p for p in params], device=device),
-            greedy=torch.tensor([p.greedy for p in params], device=device),
+            temperature=torch.tensor([floats[0] for _, floats in rows], device=device),
+            top_k=torch.tensor([ints[0] for ints, _ in rows], device=device),
+            top_p=torch.tensor([floats[1] for _, floats in rows], device=device),
+            greedy=torch.tensor([bool(ints[1]) for ints, _ in rows], device=device),
         )
 
-    def set_row(self, row: int, params: SamplingParams) -> None:
-        self.temperature[row] = 1.0 if params.greedy else params.temperature
-        self.top_k[row] = min(params.top_k, TOP_K_OFF)
-        self.top_p[row] = params.top_p
-        self.greedy[row] = params.greedy
+    @staticmethod
+    def settings(params: SamplingParams) -> tuple[list[int], list[float]]:
+        """One row's settings as these tensors hold them: [top_k, greedy] and [temperature, top_p] (float32
+        values; a greedy row's temperature is 1, its probabilities go unused)."""
+        temperature = 1.0 if params.greedy else params.temperature
+        values = [_float32_or_none(temperature), _float32_or_none(params.top_p)]
+        floats = [value for value in values if value is not None and math.isfinite(value)]
+        if len(floats) < len(values):
+            # SamplingParams refuses these: a row must never hold an infinite setting
+            raise SpecdeployError(
+                f"temperature {temperature} or top_p {params.top_p} overflows float32, the sampling tensors' type"
+            )
+        return [min(params.top_k, TOP_K_OFF), int(params.greedy)], floats
 
     def rows(self, count: int, start: int = 0) -> RowSampling:
         """Rows start..start+count-1."""

@@ -24,6 +24,12 @@ per operation: on an H200 `benchmarks/zoo_pair_speed.py` gave 6.1-6.5 ms of pref
 and 16.6-18.0 for tiny-hybrid eagerly (e069240), 1.05-1.21 and 2.09-2.23 captured (8a8314d)
 (`benchmarks/results/h200-2026-12-04-prefill-graphs`).
 
+A prompt is prefilled in the spare row (the last); its admission (the settings `begin` staged, its first token,
+the move into the next free row) and a finished row's release (the last running row moved into it) are
+captured stages too, one per attention window, whose inputs the host sets in a copy or two: launched
+operation by operation, a request's joining and leaving took 16-18% of the engine process's time at 64
+requests of tiny-code on an H200 (`benchmarks/results/h200-2026-12-04-engine-process`).
+
 Targets with recurrent layers take the same step: their layers follow each token's root path on the device
 and the commit replays each row's accepted path (`recurrent_state`), so they batch and capture alike.
 """
@@ -229,10 +235,14 @@ class StepRunner:
             bonus=zeros.clone(),
         )
         self.out = torch.zeros(rows, depth + 2, dtype=torch.long, device=self.device)
-        # a fixed-shape prefill chunk's real tokens, and its last token's final hidden state
-        self.prefill_count = torch.zeros((), dtype=torch.long, device=self.device)
-        hidden = self.target.config.hidden_size
+        # a prompt's last token's final hidden state, and its logits (the first token's)
+        hidden, vocab = self.target.config.hidden_size, self.target.config.vocab_size
         self.prefill_last = torch.zeros(1, hidden, dtype=self.dtype, device=self.device)
+        self.prefill_logits = torch.zeros(1, vocab, dtype=self.dtype, device=self.device)
+        # the settings of the sequence being prefilled, staged by `begin` (one copy each) for the admit stage:
+        # its prompt length, top_k and greedy; its temperature and top_p
+        self.admit_ints = torch.zeros(3, dtype=torch.long, device=self.device)
+        self.admit_floats = torch.zeros(2, dtype=torch.float32, device=self.device)
         self.path_index = torch.arange(depth + 1, device=self.device)
         self.sampling = RowSampling.of([SamplingParams()] * rows, self.device)
         self.uniforms = torch.zeros(rows, len(UniformStream.PURPOSES), 0, device=self.device)
@@ -284,7 +294,9 @@ class StepRunner:
         self.slot_index = torch.arange(capacity, device=self.device)
         # a prompt fits the cache with room for its first token: so does any chunk of it
         self.prefill_buckets = prefill_buckets(min(self.prefill_tokens, self.cache.usable - 1))
-        self.prefill_ids = torch.zeros(1, self.prefill_buckets[-1], dtype=torch.long, device=self.device)
+        # a fixed-shape first chunk's real token count, then its tokens: set by one copy
+        self.prefill_input = torch.zeros(1 + self.prefill_buckets[-1], dtype=torch.long, device=self.device)
+        self.prefill_count, self.prefill_ids = self.prefill_input[0], self.prefill_input[None, 1:]
         self.prefill_index = torch.arange(self.prefill_buckets[-1], device=self.device)
         self.graphs.clear()  # graphs point at the old buffers
 
@@ -369,6 +381,7 @@ class StepRunner:
         self.move_pair.copy_(self.row_pairs[spare, spare])  # a row onto itself: it changes nothing
         for window in self.windows():
             self._run_move(window)
+            self._run_admit(window)  # it sets only the spare row, which holds no sequence now
         for rows in self.row_buckets():
             for window in self.windows():
                 for budget in budgets:
@@ -424,7 +437,9 @@ class StepRunner:
         if not params.greedy:
             self._prepare_sampling(uniforms)
             self.uniforms[row, :, : uniforms.table.shape[1]] = uniforms.table
-        self.sampling.set_row(row, params)
+        ints, floats = RowSampling.settings(params)
+        self.admit_ints.copy_(torch.tensor([count, *ints]))
+        self.admit_floats.copy_(torch.tensor(floats))
         self._pending = Pending(list(prompt_ids), params)
 
     @torch.inference_mode()
@@ -436,10 +451,8 @@ class StepRunner:
         chunk = pending.prompt_ids[done : done + max(1, max_tokens)]
         bucket = next((size for size in self.prefill_buckets if size >= len(chunk)), None)
         if self.fixed_shapes and done == 0 and bucket is not None:
-            self.prefill_ids[0, : len(chunk)].copy_(torch.tensor(chunk))
-            self.prefill_count.fill_(len(chunk))
+            self.prefill_input[: len(chunk) + 1].copy_(torch.tensor([len(chunk), *chunk]))
             self._run_prefill_chunk(bucket)
-            last = self.prefill_last
         else:  # later chunks (a prompt longer than a chunk) run at their own size
             ids = torch.tensor([chunk], device=self.device)
             positions = torch.arange(done, done + len(chunk), device=self.device)[None]
@@ -447,23 +460,23 @@ class StepRunner:
             hidden, features = self.target.run(ids, batch, self.cache, self.feature_layers)
             if self.drafter is not None:
                 self.drafter.write_context(features, positions, positions, self.draft_cache, row_start=row)
-            last = hidden[:, -1]
+            self.prefill_last.copy_(hidden[:, -1])
         pending.done += len(chunk)
         count = len(pending.prompt_ids)
         if pending.done < count:
             return None
-        logits = self.target.lm_head(last)
+        dest = self.active
+        self.move_pair.copy_(self.row_pairs[row, dest])
+        self._run_admit(self.window(count))
+        if self.uniforms.shape[2] and dest != row:
+            self.uniforms[dest] = self.uniforms[row]
         if pending.params.greedy:
-            first = logits.argmax(dim=-1)
+            first = self.root[dest]
         else:
-            first = sample(row_sampling_probs(logits, self.sampling.rows(1, row)), self.uniforms[row, 0, :1])
-        self.prefix[row] = count
-        self.prompt_len[row] = count
-        self.root[row] = first[0]
-        if self.drafter is not None:
-            self.ctx_count[row] = 0
+            probs = row_sampling_probs(self.prefill_logits, self.sampling.rows(1, dest))
+            first = sample(probs, self.uniforms[dest, 0, :1])[0]
+            self.root[dest] = first
         self._pending = None
-        self._move_row(row, self.active, count)
         self.running.append(Row(prefix=count, prompt_len=count, params=pending.params))
         return int(first)
 
@@ -531,6 +544,26 @@ class StepRunner:
         self._run_move(self.window(length))
         if self.uniforms.shape[2]:  # not in the stage: it grows with the longest sampling request
             self.uniforms[dest] = self.uniforms[source]
+
+    def _run_admit(self, window: int) -> None:
+        # its warm-up before a capture changes what the replay then sets again
+        self.graphs.run(("admit", window), lambda: self._admit_stage(window))
+
+    def _admit_stage(self, window: int) -> None:
+        """The prompt prefilled in the spare row becomes a sequence: the row takes the settings `begin` staged,
+        a greedy first token (the argmax of the last prompt token's logits, kept in `prefill_logits`) and no
+        pending features; then it moves to row `move_pair[1]` (`_move_stage`)."""
+        spare, ints, floats = self.row_index[-1:], self.admit_ints, self.admit_floats
+        logits = self.target.lm_head(self.prefill_last)
+        self.prefill_logits.copy_(logits)
+        settings = [(self.prefix, ints[:1]), (self.prompt_len, ints[:1]), (self.root, logits.argmax(dim=-1))]
+        settings += [(self.sampling.top_k, ints[1:2]), (self.sampling.greedy, ints[2:].bool())]
+        settings += [(self.sampling.temperature, floats[:1]), (self.sampling.top_p, floats[1:])]
+        if self.drafter is not None:
+            settings.append((self.ctx_count, torch.zeros_like(ints[:1])))
+        for tensor, value in settings:
+            tensor.index_copy_(0, spare, value)
+        self._move_stage(window)
 
     def _run_move(self, window: int) -> None:
         # no state to protect from the capture's warm-up: a copy run twice leaves what it left once
