@@ -27,8 +27,8 @@ and 16.6-18.0 for tiny-hybrid eagerly (e069240), 1.05-1.21 and 2.09-2.23 capture
 A prompt is prefilled in the spare row (the last); its admission (the settings `begin` staged, its first token,
 the move into the next free row) and a finished row's release (the last running row moved into it) are
 captured stages too, one per attention window, whose inputs the host sets in a copy or two: launched
-operation by operation, a request's joining and leaving took 16-18% of the engine process's time at 64
-requests of tiny-code on an H200 (`benchmarks/results/h200-2026-12-04-engine-process`).
+operation by operation, requests joining and leaving took about 40% of the engine process's time at 64
+requests of tiny-code on an H200, the row moves alone 16-18% (`benchmarks/results/h200-2026-12-04-engine-process`).
 
 Targets with recurrent layers take the same step: their layers follow each token's root path on the device
 and the commit replays each row's accepted path (`recurrent_state`), so they batch and capture alike.
