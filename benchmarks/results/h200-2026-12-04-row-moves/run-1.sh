@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests of the batch engine (admission and row moves now captured stages); the engine
 # alone before and after them (tiny-code, AR / DDTree-16 / auto at 16 and 64 requests; "before" is src with
-# `.whl/move.patch`, made by `git diff 9a6c5f4 1332d7a -- src/specdeploy/engine`, reversed);
+# `.whl/move.patch`, made by `git diff 9a6c5f4 HEAD -- src/specdeploy/engine` at the commit run, reversed);
 # then how far servers of one configuration spread: DDTree-16 servers at 64 streams, started three times as they
 # are and three times with the engine process, the server process and the client each on cores of their own
 # (taskset), in turn. Run from the repository root with OUT set.
