@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next device call (not yet run): the Qwen3-8B-shape campaign alone (12 s cells need about 330 s); its cells'
+# One device call: the Qwen3-8B-shape campaign alone (12 s cells need about 330 s); its cells'
 # /server_info engine_loop (mean running requests, busy share) are kept. The tiny-code campaign is run-2.sh's,
 # in a call of its own. Run from the repository root with OUT set.
 set -u
