@@ -4,6 +4,7 @@ cancellations reaching the child, and a child that dies or cannot start said so,
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from pathlib import Path
 
@@ -11,10 +12,27 @@ import httpx
 import pytest
 from server_harness import APPS, running_server, sse_events
 
+from specdeploy.engine.request import Step
 from specdeploy.errors import SpecdeployError
-from specdeploy.server.engine_process import EngineProcess, EngineRecipe
+from specdeploy.server.engine_process import EngineProcess, EngineRecipe, read_outcomes, wire_outcomes
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "SELECT name FROM"]
+
+
+def test_outcomes_cross_the_pipe_as_tuples_and_come_back_whole():
+    """Steps (first token, speculative, finishing), a failure and an end, with and without adaptive figures."""
+    outcomes = [
+        (1, Step([5], 0, None), None),
+        (2, Step([7, 8, 9], 17, None), (16, 2.75)),
+        (2, Step([10], 17, "stop"), (0, 1.0)),
+        (3, "SpecdeployError: the prompt is empty", None),
+        (3, None, None),
+    ]
+    wired = pickle.loads(pickle.dumps(wire_outcomes(outcomes)))
+    assert all(not isinstance(step, Step) for _, step, _ in wired)
+    assert read_outcomes(wired) == outcomes
+
+
 BODY = {"sampling_params": {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}}
 
 
