@@ -1,4 +1,4 @@
-"""The campaign's order of work: server configurations, each started once, and the runs each one serves.
+"""The campaign's order of work: server configurations, each started once per round, and the runs each one serves.
 
 Order: per TP size, the AR server first, then every speculative configuration (DDTree once per
 budget); with `rounds` > 1 that order runs again, each server started once per round. Each

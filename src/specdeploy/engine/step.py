@@ -367,8 +367,8 @@ class StepRunner:
     # CPU scalar copied to the GPU, which a capture refuses; other kernels, which round differently)
     def capture(self, budgets: list[int | None]) -> int:
         """Capture the greedy step's graphs for every row bucket, attention window and budget now, and the
-        prefill's for every chunk bucket and the row move's for every window, so that no request pays for a
-        capture; returns how many graphs were captured (none without CUDA graphs). Only while none runs or prefills."""
+        prefill's for every chunk bucket and the admission's and row move's for every window, so that no request
+        pays for a capture; returns how many graphs were captured (none without CUDA graphs). Only while none runs or prefills."""
         if not self.graphs.enabled:
             return 0
         if self.running or self._pending is not None:
@@ -536,8 +536,8 @@ class StepRunner:
 
     def _move_row(self, source: int, dest: int, length: int) -> None:
         """Copy a sequence's cache entries (its first `length` slots, up to the window that holds them) and
-        per-row state to another row, in one stage per window, replayed as a graph on a GPU (each copy
-        launched from here, a request's joining and leaving took as long as a tiny model's step)."""
+        per-row state to another row, in one stage per window, replayed as a graph on a GPU (launched copy by
+        copy, the moves took 16-18% of the engine process's time at 64 requests of tiny-code on an H200)."""
         if source == dest:
             return
         self.move_pair.copy_(self.row_pairs[source, dest])
@@ -546,7 +546,7 @@ class StepRunner:
             self.uniforms[dest] = self.uniforms[source]
 
     def _run_admit(self, window: int) -> None:
-        # its warm-up before a capture changes what the replay then sets again
+        # no state to protect from the capture's warm-up: the replay sets again all that it set
         self.graphs.run(("admit", window), lambda: self._admit_stage(window))
 
     def _admit_stage(self, window: int) -> None:
