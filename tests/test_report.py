@@ -302,3 +302,15 @@ def test_recorded_deployment_facts_win_over_server_info(tmp_path: Path) -> None:
     (run / "server_info.json").write_text(json.dumps({"target": SGLANG_SERVER_INFO}))
     (series,) = load_series([run])
     assert (series.fact("engine"), series.fact("hardware")) == ("sglang 0.5.23", "rtx-pro-6000-x8")
+
+
+def test_throughput_shows_half_the_range_of_its_repeats() -> None:
+    """Two rounds that made 90 and 110 tok/s: their mean, and half their range as a share of it (10%); one
+    repeat has no range to show."""
+    from specdeploy.report.columns import tok_s_text
+    from specdeploy.report.rows import ReportRow
+
+    two = ReportRow.model_construct(output_tok_s=100.0, output_tok_s_by_repeat=[110.0, 90.0])
+    one = ReportRow.model_construct(output_tok_s=1234.5, output_tok_s_by_repeat=[1234.5])
+    assert tok_s_text(two) == "100.0 ±10%"
+    assert tok_s_text(one) == "1,234.5"

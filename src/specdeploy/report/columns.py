@@ -18,6 +18,16 @@ def speedup_text(interval: Interval | None) -> str:
     return f"{interval.estimate:.2f}x [{interval.low:.2f}, {interval.high:.2f}]"
 
 
+def tok_s_text(row: ReportRow) -> str:
+    """The mean over repeats and, with more than one, half their range as a share of it (a campaign's rounds are
+    server starts of their own, whose throughput can differ more than the modes compared)."""
+    text = num(row.output_tok_s)
+    values = row.output_tok_s_by_repeat
+    if len(values) > 1 and row.output_tok_s > 0:
+        text += f" ±{(max(values) - min(values)) / 2 / row.output_tok_s:.0%}"
+    return text
+
+
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -37,7 +47,7 @@ COLUMNS: list[Column] = [
     ("mode", lambda r: r.mode_label),
     ("load", lambda r: r.load_label),
     ("reps", lambda r: str(r.repeats)),
-    ("tok/s", lambda r: num(r.output_tok_s)),
+    ("tok/s", tok_s_text),
     ("tok/s/user p50", lambda r: num(r.tok_s_per_user_p50)),
     ("TTFT p50 ms", lambda r: num(r.ttft_p50_ms)),
     ("TPOT p50 ms", lambda r: num(r.tpot_p50_ms, 2)),

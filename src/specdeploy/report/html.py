@@ -74,7 +74,8 @@ def render_html(series: list[Series], rows: list[ReportRow], plots: list[tuple[s
         "<h2>Runs</h2>",
         _series_table(series),
         "<h2>Results per load point</h2>",
-        '<p class="note">Throughput is the mean over repeats; latency percentiles and tau pool every request. '
+        '<p class="note">Throughput is the mean over repeats (± half their range, as a share of the mean); '
+        "latency percentiles and tau pool every request. "
         "Speedup: AR time per output token over the mode's, on the same prompts, with a 95% bootstrap CI "
         "over repeats and requests. Match: greedy outputs identical to AR's.</p>",
         _table([h for h, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows]),

@@ -32,7 +32,9 @@ def rows_tables(rows: list[ReportRow], series: list[Series]) -> list[Table]:
     adaptive = any(row.budget_chosen_mean is not None for row in rows)
     tables = []
     for s in series:
-        table = narrow_table(f"{s.label}: per load point (repeats pooled; speedup against the paired AR run)")
+        table = narrow_table(
+            f"{s.label}: per load point (repeats pooled, tok/s ± half their range; speedup against the paired AR run)"
+        )
         headers = ("dataset", "mode", "load", "tok/s", "tau", *(("budget chosen",) if adaptive else ()))
         add_columns(table, (*headers, "speedup [95% CI]", "match"), ("dataset", "mode", "load"))
         for row in rows:
