@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdeploy.server.generation import Generation
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass
+class LatencySums:
+    """Requests timed, and their summed seconds: time to first token, end-to-end latency, first-token handoff."""
+
+    requests: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    handoff: float = 0.0
 
 
 class ServerStats:
@@ -19,8 +30,7 @@ class ServerStats:
         self._lock = threading.Lock()
         self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
         self._verify_steps = 0
-        # since boot or the last flush: requests timed, their summed TTFT, e2e latency and first-token handoff (s)
-        self._latency = [0, 0.0, 0.0, 0.0]
+        self._latency = LatencySums()  # since boot or the last flush
         self.registry = CollectorRegistry()
         self.requests = Counter("sglang:num_requests", "Requests finished", registry=self.registry)
         self.aborted = Counter("sglang:num_aborted_requests", "Requests aborted", registry=self.registry)
@@ -71,10 +81,11 @@ class ServerStats:
             self._accepted_tokens += sum(gen.accept_lengths)
             self._verify_steps += gen.verify_ct
             if gen.ttft is not None and gen.finished_at is not None and first_step_at is not None:
-                self._latency[0] += 1
-                self._latency[1] += gen.ttft
-                self._latency[2] += gen.finished_at - gen.arrived_at
-                self._latency[3] += gen.first_token_at - first_step_at
+                sums = self._latency
+                sums.requests += 1
+                sums.ttft += gen.ttft
+                sums.e2e += gen.finished_at - gen.arrived_at
+                sums.handoff += gen.first_token_at - first_step_at
 
     @property
     def avg_accept_length(self) -> float | None:
@@ -87,7 +98,8 @@ class ServerStats:
         the first token's handoff, from the engine side handing it over (worker thread, or the engine process's
         reader thread) to the event loop taking it (a busy event loop shows here)."""
         with self._lock:
-            count, ttft, e2e, handoff = self._latency
+            sums = self._latency
+            count, ttft, e2e, handoff = sums.requests, sums.ttft, sums.e2e, sums.handoff
         return {
             "requests": count,
             "ttft_ms_mean": round(1e3 * ttft / count, 3) if count else None,
@@ -99,7 +111,7 @@ class ServerStats:
         """Restart the cumulative accept length, as SGLang's /flush_cache does, and the mean latencies."""
         with self._lock:
             self._accepted_tokens = self._verify_steps = 0
-            self._latency = [0, 0.0, 0.0, 0.0]
+            self._latency = LatencySums()
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)
