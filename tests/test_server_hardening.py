@@ -26,10 +26,11 @@ from specdeploy.errors import SpecdeployError
 from specdeploy.server import connection
 from specdeploy.server.guard import HttpGuard
 
-# 480 tokens: on a fast CPU the witness must still stream while the hostile requests wait out their 1 s deadlines
+# 1536 tokens: the witness must still stream while the hostile requests wait out their 1 s deadlines, also on a
+# fast CPU (480 took 0.8 s on one, and the 408 test then failed)
 WITNESS = {
     "text": "The witness streams while the others misbehave:",
-    "sampling_params": {"temperature": 0, "max_new_tokens": 480, "ignore_eos": True},
+    "sampling_params": {"temperature": 0, "max_new_tokens": 1536, "ignore_eos": True},
     "stream": True,
 }
 MAX_BODY = 1 << 20
