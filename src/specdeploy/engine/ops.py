@@ -2,35 +2,54 @@
 
 Both versions round where transformers rounds (a bf16 model normalises in float32, casts back, then scales),
 so switching between them moves logits by float32 noise only. Triton is imported only when a CUDA tensor
-first needs it; `SPECDEPLOY_TRITON=0` forces the torch versions (to compare the two).
+first needs it; `SPECDEPLOY_TRITON=0` forces the torch versions (to compare the two), and
+`SPECDEPLOY_TRITON=interpret` runs the Triton versions on CPU tensors through Triton's interpreter (the CUDA code
+path on a machine without a GPU, slowly: for tests and for counting a step's launches).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from specdeploy.engine.models.rope import Rope, apply_rope
+from specdeploy.errors import SpecdeployError
+
+
+def _setting() -> str:
+    return os.environ.get("SPECDEPLOY_TRITON", "1")
 
 
 @cache
 def _triton_kernels():
     """The Triton kernel module, or None where Triton cannot run."""
-    if os.environ.get("SPECDEPLOY_TRITON", "1") == "0":
+    if _setting() == "0":
         return None
+    if _setting() == "interpret":
+        # Triton reads this when it is first imported: afterwards its kernels would stay compiled for a GPU.
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SpecdeployError(
+                "SPECDEPLOY_TRITON=interpret needs Triton's interpreter, and Triton was imported without it: "
+                "set TRITON_INTERPRET=1 before the process starts"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
         from specdeploy.engine import triton_kernels
     except ImportError:
+        if _setting() == "interpret":
+            raise
         return None
     return triton_kernels
 
 
 def _use_triton(x: torch.Tensor) -> bool:
     # The kernels have no backward: training (autograd on) takes the torch versions.
-    return x.is_cuda and not torch.is_grad_enabled() and _triton_kernels() is not None
+    where = x.is_cuda or (_setting() == "interpret" and x.device.type == "cpu")
+    return where and not torch.is_grad_enabled() and _triton_kernels() is not None
 
 
 def triton_kernels_for(x: torch.Tensor):
@@ -45,6 +64,15 @@ def gdn_kernels_for(x: torch.Tensor):
     from specdeploy.engine import triton_gdn
 
     return triton_gdn
+
+
+def step_kernels_for(x: torch.Tensor):
+    """The decoding step's bookkeeping kernels (`triton_step`) when `x` lives where Triton kernels run, else None."""
+    if not _use_triton(x):
+        return None
+    from specdeploy.engine import triton_step
+
+    return triton_step
 
 
 def rms_norm(
