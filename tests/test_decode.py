@@ -255,12 +255,12 @@ def test_the_chi_square_test_catches_a_lossy_acceptance_rule(small_vocab_pair, m
     """A rule that always walks into the first drafted child (no target check) must fail the same test."""
     target, drafter = small_vocab_pair
 
-    def accept_the_draft(tree, target_tokens, depth_limit):
+    def accept_the_draft(tree, target_tokens, depth_limit, out=None):
         first_child = target_tokens.clone()
         for index in range(tree.size, 0, -1):  # the lowest-numbered child wins
             if tree.valid[0, index]:
                 first_child[0, tree.parents[0, index]] = tree.tokens[0, index]
-        return walk(tree, first_child, depth_limit)
+        return walk(tree, first_child, depth_limit, out)
 
     monkeypatch.setattr(step_module, "walk", accept_the_draft)
     params = SAMPLING[0]

@@ -77,7 +77,7 @@ def keep_path(model, cache, prefix: int, path: list[int]) -> None:
     """Commit the verified tree's path (indices, root first): attention entries move into place, recurrent
     layers replay it."""
     index = torch.tensor([path])
-    cache.move(prefix + index, prefix + torch.arange(len(path))[None])
+    cache.keep_path(index, torch.tensor([len(path)]), torch.tensor([prefix]))
     model.commit_tree(cache, index, torch.tensor([len(path)]))
 
 

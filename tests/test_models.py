@@ -239,7 +239,9 @@ def test_move_accepted_path_into_place_then_continue(checkpoints, variant: str) 
     with torch.no_grad():
         target_pass(model, prefix, positions(0, 5), cache)
         target_pass(model, nodes, node_positions, cache, cached=5, mask=mask)
-        cache.move(5 + torch.tensor([accepted]), 5 + torch.arange(len(accepted))[None])  # what a commit does
+        cache.keep_path(
+            torch.tensor([accepted]), torch.tensor([len(accepted)]), torch.tensor([5])
+        )  # what a commit does
         logits, _ = target_pass(model, follow, positions(committed, 2), cache, cached=committed)
     sequence = torch.cat([prefix, nodes[:, accepted], follow], dim=1)
     assert (logits - reference_logits(reference, sequence)[:, -2:]).abs().max() <= 1e-4

@@ -60,11 +60,12 @@ CHECKS = textwrap.dedent(
         close(caches[0], caches[2])
         close(caches[1], caches[3])
 
-    for depths, vocab, budget in ((3, 5, 7), (2, 3, 20), (7, 50, 16), (15, 300, 32)):
+    for depths, vocab, budget in ((3, 5, 7), (2, 3, 20), (7, 50, 16), (15, 300, 32), (6, 100, 64)):
         logprobs = torch.log_softmax(3 * torch.randn(2, depths, vocab), dim=-1)
         root = torch.tensor([5, 9])
         top = torch.topk(logprobs, min(budget, vocab), dim=-1)
-        got = TreeBatch(*tk.best_first_tree(root, top.values, top.indices, budget))
+        got = TreeBatch.empty(2, budget, torch.device("cpu"))
+        tk.best_first_tree(root, top.values, top.indices, budget, got)
         want = best_first_tree(root, logprobs, budget)
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)
@@ -283,5 +284,61 @@ def test_triton_kernels_equal_their_torch_versions_under_the_interpreter() -> No
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
         [sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+STEP_CHECKS = textwrap.dedent(
+    """
+    import sys
+    import tempfile
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, "tests")
+    from decode_helpers import write_pair
+    from hybrid_helpers import write_drafter, write_target
+    from test_batch import CYCLE, LENGTHS, PROMPTS, run, scripted_policy
+    from specdeploy.engine import ops, triton_step
+    from specdeploy.engine.batch import BatchEngine
+    from specdeploy.engine.loading import load_drafter, load_target
+    from specdeploy.engine.sampling import SamplingParams
+
+    root = Path(tempfile.mkdtemp())
+    pairs = {"qwen3": write_pair(root, "qwen3"),
+             "qwen3_next": (write_target("qwen3_next", root / "hybrid"), write_drafter(root / "hybrid-draft"))}
+    # greedy and seeded-sampled rows side by side, joining and leaving; budgets change every step, AR ones among them
+    params = [SamplingParams(temperature=0.9, top_k=20, max_new_tokens=n, ignore_eos=True, seed=i) if i % 2
+              else SamplingParams(max_new_tokens=n, ignore_eos=True) for i, n in enumerate(LENGTHS)]
+    for family, (target_dir, draft_dir) in pairs.items():
+        target, drafter = load_target(target_dir), load_drafter(draft_dir)
+        for mode, budget in (("ddtree", "changing"), ("ddtree", 64), ("dflash", None)):
+            results = []
+            for kernels in (None, triton_step):  # the torch operations, then the kernels (interpreted)
+                ops.step_kernels_for = lambda x, kernels=kernels: kernels
+                policy = scripted_policy(CYCLE) if budget == "changing" else None
+                engine = BatchEngine(target, drafter, mode, 24 if policy else budget, max_running=4,
+                                     max_context=160, prefill_tokens=4, policy=policy, fixed_shapes=True)
+                got = run(engine, [(i * 2, p, q) for i, (p, q) in enumerate(zip(PROMPTS, params))])
+                runner = engine.runner
+                state = [t.clone() for group in runner.cache.groups for t in group]
+                if runner.cache.recurrent is not None:
+                    state += [t.clone() for t in runner.cache.recurrent.tensors]
+                results.append((got, state, runner.ctx.clone(), runner.prefix.clone(), runner.root.clone()))
+            (want, *want_state), (got, *got_state) = results
+            assert got == want, (family, mode, budget)
+            for a, b in zip(want_state[0] + want_state[1:], got_state[0] + got_state[1:]):
+                assert torch.equal(a, b), (family, mode, budget)
+    print("ok")
+    """
+)
+
+
+def test_step_kernels_keep_every_output_and_state_under_the_interpreter() -> None:
+    """The accept walk, the kept path's cache move and the rows' commit as Triton kernels (`triton_step`):
+    batched greedy and seeded-sampled requests give the same tokens, caches, recurrent states and drafter
+    features as the torch operations, with trees of 64 nodes and budgets changing every step."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", STEP_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -3,8 +3,8 @@
 Layers whose entries have the same shape share one tensor [layers, batch, capacity, *entry], so moving the
 accepted path of a verified tree into place is one gather and one scatter over all layers together. Slot s
 of a row holds position s once committed: a verify step writes its tree tokens at slots prefix..prefix+T-1
-and `move` brings the accepted path's entries down to prefix, prefix+1, ... The last slot is scratch, where
-padding entries of a move land. Recurrent layers keep their per-row state in `recurrent` (a `RecurrentCache`).
+and `keep_path` brings the accepted path's entries down to prefix, prefix+1, ... The last slot is scratch, where
+padding entries land. Recurrent layers keep their per-row state in `recurrent` (a `RecurrentCache`).
 
 The cache knows nothing of how many slots a row has committed: its callers (the decoding step, or
 `single_pass`) say which slots each pass writes and sees.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdeploy.engine import ops
 from specdeploy.errors import SpecdeployError
 
 if TYPE_CHECKING:
@@ -111,16 +112,23 @@ class StaticCache:
         if self.recurrent is not None:
             self.recurrent.copy_row(source, dest)
 
-    def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
-        """Copy every layer's entries at slots `source` to slots `dest` (both [rows, P], for rows 0..rows-1);
-        all reads come first, so the two may overlap. Pad both with `scratch_slot` where a row has fewer
-        entries to move."""
-        rows = torch.arange(source.shape[0], device=source.device)[:, None] * self.capacity
-        source, dest = (source + rows).flatten(), (dest + rows).flatten()
-        for tensors in self.groups:
-            for tensor in tensors:
-                flat = tensor.view(tensor.shape[0], -1, *tensor.shape[3:])
-                flat.index_copy_(1, dest, flat.index_select(1, source))
+    def keep_path(self, path: torch.Tensor, length: torch.Tensor, prefix: torch.Tensor) -> None:
+        """After a tree verification written at slots prefix[b].., rows 0..B-1 keep their first length[b] path
+        entries ([B, P] tree indices, root first) at slots prefix[b], prefix[b] + 1, ..., in every layer. A
+        length of 0 moves nothing. On CUDA one Triton launch per cache tensor (`triton_step`)."""
+        kernels = ops.step_kernels_for(path)
+        tensors = [t for group in self.groups for t in group]
         if self.positions is not None:
-            flat = self.positions.view(-1)
-            flat.index_copy_(0, dest, flat.index_select(0, source))
+            tensors.append(self.positions[None, :, :, None])
+        if kernels is not None:
+            kernels.move_accepted(tensors, path, length, prefix)
+            return
+        index = torch.arange(path.shape[1], device=path.device)
+        kept = index < length[:, None]
+        rows = torch.arange(path.shape[0], device=path.device)[:, None] * self.capacity
+        scratch = self.scratch_slot
+        source = (torch.where(kept, prefix[:, None] + path, scratch) + rows).flatten()
+        dest = (torch.where(kept, prefix[:, None] + index, scratch) + rows).flatten()
+        for tensor in tensors:  # all reads first: a kept entry may sit where another one lands
+            flat = tensor.view(tensor.shape[0], -1, *tensor.shape[3:])
+            flat.index_copy_(1, dest, flat.index_select(1, source))

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import StaticCache, round_up
 from specdeploy.engine.forward_batch import ForwardBatch, append_batch
 from specdeploy.engine.graphs import StageGraphs
@@ -263,8 +264,11 @@ class StepRunner:
             if self.drafter is not None:
                 width = self.ctx.shape[-1]
                 features = torch.zeros(self.rows, size + 1, width, dtype=self.dtype, device=self.device)
+            tree = TreeBatch.empty(self.rows, size, self.device)
+            if size == 0 or self.mode == "dflash":  # chains: only their tokens change from step to step
+                tree.copy_(chain_tree(self.root, self.root[:, None].expand(-1, size)))
             self._trees[size] = TreeBuffers(
-                tree=TreeBatch.empty(self.rows, size, self.device),
+                tree=tree,
                 target_tokens=torch.zeros(self.rows, size + 1, dtype=torch.long, device=self.device),
                 features=features,
             )
@@ -662,9 +666,10 @@ class StepRunner:
             run("draft", ("context", rows, catch_up), lambda: self._write_context(rows, catch_up))
         if self.drafter is not None and size > 0:
             run("draft", ("draft", rows, draft_window), lambda: self._draft(rows, draft_window))
-        chain_sampling = not greedy and self.mode == "dflash"
-        run("tree", ("tree", rows, size, predict), lambda: self._build_tree(rows, size, greedy, predict),
-            eager=chain_sampling)  # fmt: skip
+        if size > 0:
+            chain_sampling = not greedy and self.mode == "dflash"
+            run("tree", ("tree", rows, size, predict), lambda: self._build_tree(rows, size, greedy, predict),
+                eager=chain_sampling)  # fmt: skip
         run("verify", ("verify", rows, verify_window, size, greedy),
             lambda: self._verify(rows, verify_window, size, greedy))  # fmt: skip
         run("commit", ("accept", rows, size), lambda: self._accept(rows, size, greedy), eager=not greedy)
@@ -737,34 +742,33 @@ class StepRunner:
         self.draft_logits[:rows].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
 
     def _build_tree(self, rows: int, size: int, greedy: bool, predict: bool = False) -> None:
+        """This step's trees, written into the buffers of their size (never run for an AR step, whose tree is the
+        root alone)."""
         root = self.root[:rows]
-        if size == 0:
-            tree = chain_tree(root, root[:, None][:, :0])
-        elif self.mode == "ddtree":
+        tree = self._trees[size].tree.rows(rows)
+        if self.mode == "ddtree":
             logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
             width = min(max([size, *(self.curve_budgets if predict else [])]), logprobs.shape[-1])
             top = top_k(logprobs, width)  # one selection for the tree and the prediction
-            tree = best_first_tree(root, logprobs, size, top)
+            best_first_tree(root, logprobs, size, top, out=tree)
             if predict:
                 predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
                 self.expected_buffer[:rows].copy_(predicted)
-        elif greedy:
-            tree = chain_tree(root, self.draft_logits[:rows].argmax(dim=-1))
-        else:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)
+            return
+        # a DFlash block: a chain, whose structure its buffers were made with
+        argmax = self.draft_logits[:rows].argmax(dim=-1)
+        if not greedy:  # sampled chains, accepted by rejection sampling (greedy rows: the argmax chain)
             probs = row_sampling_probs(self.draft_logits[:rows], self.sampling.rows(rows))
             self.draft_probs[:rows].copy_(probs)
             drawn = sample(probs, self._uniforms(rows, "draft", self.path_index[1:][None]))
-            argmax = self.draft_logits[:rows].argmax(dim=-1)
-            tree = chain_tree(root, torch.where(self.sampling.greedy[:rows, None], argmax, drawn))
-        buffers = self._trees[size]
-        for name in ("tokens", "parents", "depths", "valid", "ancestors"):
-            getattr(buffers.tree, name)[:rows].copy_(getattr(tree, name))
+            argmax = torch.where(self.sampling.greedy[:rows, None], argmax, drawn)
+        tree.tokens[:, 0].copy_(root)
+        tree.tokens[:, 1:].copy_(argmax)
 
     def _verify(self, rows: int, window: int, size: int, greedy: bool) -> None:
         buffers = self._trees[size]
-        tree = TreeBatch(
-            *(getattr(buffers.tree, n)[:rows] for n in ("tokens", "parents", "depths", "valid", "ancestors"))
-        )
+        tree = buffers.tree.rows(rows)
+        tokens = self.root[:rows, None] if size == 0 else tree.tokens  # an AR step verifies its root alone
         prefix = self.prefix[:rows]
         positions = prefix[:, None] + tree.depths
         slots = self._live_slots(rows, prefix[:, None] + self.slot_index[: size + 1], self.cache)
@@ -774,7 +778,7 @@ class StepRunner:
         batch = ForwardBatch(positions, slots, visible, self.cache.capacity)
         if self.target.has_recurrent_layers:
             batch.tree_paths = root_paths(tree.ancestors, min(size, self.depth_limit) + 1)
-        hidden, features = self.target.run(tree.tokens, batch, self.cache, self.feature_layers)
+        hidden, features = self.target.run(tokens, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden)
         buffers.target_tokens[:rows].copy_(logits.argmax(dim=-1))
         if not greedy:
@@ -784,37 +788,33 @@ class StepRunner:
 
     def _accept(self, rows: int, size: int, greedy: bool) -> None:
         buffers = self._trees[size]
-        tree = TreeBatch(
-            *(getattr(buffers.tree, n)[:rows] for n in ("tokens", "parents", "depths", "valid", "ancestors"))
-        )
+        tree = buffers.tree.rows(rows)
         argmax = buffers.target_tokens[:rows]
+        out = Acceptance(
+            self.acceptance.path[:rows], self.acceptance.length[:rows], self.acceptance.bonus[:rows]
+        )
         if greedy:
-            acceptance = walk(tree, argmax, self.depth_limit)
-        else:
-            settings = self.sampling.rows(rows)
-            probs = row_sampling_probs(buffers.logits[:rows], settings)
-            if self.mode == "dflash":  # rejection sampling on sampled chains; greedy rows walk the argmax
-                sampled = accept_sampled_chain(
-                    tree,
-                    self.draft_probs[:rows],
-                    probs,
-                    self._uniforms(rows, "accept", self.path_index[1:][None]),
-                    self._uniforms(rows, "target", self.path_index[None] + 1),
+            walk(tree, argmax, self.depth_limit, out)
+            return
+        settings = self.sampling.rows(rows)
+        probs = row_sampling_probs(buffers.logits[:rows], settings)
+        if self.mode == "dflash":  # rejection sampling on sampled chains; greedy rows walk the argmax
+            sampled = accept_sampled_chain(
+                tree,
+                self.draft_probs[:rows],
+                probs,
+                self._uniforms(rows, "accept", self.path_index[1:][None]),
+                self._uniforms(rows, "target", self.path_index[None] + 1),
+            )
+            exact = walk(tree, argmax, self.depth_limit)
+            for name in ("path", "length", "bonus"):
+                keep_exact = settings.greedy.view(-1, *[1] * (getattr(exact, name).dim() - 1))
+                getattr(out, name).copy_(
+                    torch.where(keep_exact, getattr(exact, name), getattr(sampled, name))
                 )
-                exact = walk(tree, argmax, self.depth_limit)
-                acceptance = Acceptance(
-                    *(torch.where(settings.greedy.view(-1, *[1] * (a.dim() - 1)), a, b)
-                      for a, b in zip((exact.path, exact.length, exact.bonus),
-                                      (sampled.path, sampled.length, sampled.bonus), strict=True))
-                )  # fmt: skip
-            else:  # the target's own sample at every node, drawn with its position's uniform
-                samples = sample(probs, self._uniforms(rows, "target", tree.depths + 1))
-                acceptance = walk(
-                    tree, torch.where(settings.greedy[:, None], argmax, samples), self.depth_limit
-                )
-        self.acceptance.path[:rows].copy_(acceptance.path)
-        self.acceptance.length[:rows].copy_(acceptance.length)
-        self.acceptance.bonus[:rows].copy_(acceptance.bonus)
+        else:  # the target's own sample at every node, drawn with its position's uniform
+            samples = sample(probs, self._uniforms(rows, "target", tree.depths + 1))
+            walk(tree, torch.where(settings.greedy[:, None], argmax, samples), self.depth_limit, out)
 
     def _commit(self, rows: int, size: int, taken_in: bool) -> None:
         """`taken_in`: the step took in every pending feature (`_takes_in`): the path's replace them, else
@@ -824,15 +824,22 @@ class StepRunner:
         prefix = self.prefix[:rows]
         buffers = self._trees[size]
         if self.mode == "ddtree" and size > 0:  # chains (and AR steps) are verified in place: nothing to move
-            kept = self.path_index < length[:, None]
-            scratch = self.cache.scratch_slot
-            source = torch.where(kept, prefix[:, None] + path, scratch)
-            dest = torch.where(kept, prefix[:, None] + self.path_index, scratch)
-            self.cache.move(source, dest)
+            self.cache.keep_path(path, length, prefix)
         self.target.commit_tree(self.cache, path, length)
+        width = min(size, self.depth_limit) + 1  # path entries a step of this size can commit
+        kernels = ops.step_kernels_for(path)
+        if kernels is not None:  # the same in two launches
+            ctx_count = None
+            if self.drafter is not None:
+                ctx_count = self.ctx_count[:rows]
+                kernels.keep_features(
+                    buffers.features[:rows], self.ctx[:rows], ctx_count, path[:, :width], taken_in
+                )
+            kernels.commit_rows(path, length, bonus, buffers.tree.tokens[:rows], prefix, self.root[:rows],
+                                self.out[:rows], ctx_count, taken_in)  # fmt: skip
+            return
         if self.drafter is not None:
             features = buffers.features[:rows]
-            width = min(size, self.depth_limit) + 1  # path entries a step of this size can commit
             kept = features.gather(1, path[:, :width, None].expand(-1, -1, features.shape[-1]))
             start = torch.zeros_like(length) if taken_in else self.ctx_count[:rows]
             # clamped: a dead row's stale count must not index out of the buffer (it commits nothing)

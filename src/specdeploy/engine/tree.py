@@ -27,9 +27,15 @@ class TreeBatch:
     def size(self) -> int:
         return self.tokens.shape[1] - 1
 
+    FIELDS = ("tokens", "parents", "depths", "valid", "ancestors")
+
     def copy_(self, other: TreeBatch) -> None:
-        for name in ("tokens", "parents", "depths", "valid", "ancestors"):
+        for name in self.FIELDS:
             getattr(self, name).copy_(getattr(other, name))
+
+    def rows(self, count: int) -> TreeBatch:
+        """Views of the first `count` rows."""
+        return TreeBatch(*(getattr(self, name)[:count] for name in self.FIELDS))
 
     @staticmethod
     def empty(batch: int, size: int, device: torch.device) -> TreeBatch:
@@ -89,6 +95,7 @@ def best_first_tree(
     logprobs: torch.Tensor,
     budget: int,
     top: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out: TreeBatch | None = None,
 ) -> TreeBatch:
     """The `budget` prefixes with the highest product of per-depth draft marginals (DDTree).
 
@@ -96,7 +103,8 @@ def best_first_tree(
     tokens of each depth can be used. On CUDA one Triton kernel selects the tree (`triton_kernels`); elsewhere
     the reference construction runs on the host, where a heap costs less than many small tensor operations.
     Nodes come in depth order (parents first); trees with fewer prefixes than `budget` are padded with
-    invalid nodes. `top`: `top_k(logprobs, k)` for some k >= min(budget, V), when already computed.
+    invalid nodes. `top`: `top_k(logprobs, k)` for some k >= min(budget, V), when already computed; `out`: a
+    tree of this size to write into (the kernel writes there directly).
     """
     batch, depth_limit, vocab = logprobs.shape
     width = min(budget, vocab)
@@ -104,7 +112,10 @@ def best_first_tree(
     top_logp, top_tokens = top_logp[..., :width], top_tokens[..., :width]
     kernels = ops.triton_kernels_for(logprobs)
     if kernels is not None:
-        return TreeBatch(*kernels.best_first_tree(root, top_logp, top_tokens, budget))
+        if out is None:
+            out = TreeBatch.empty(batch, budget, logprobs.device)
+        kernels.best_first_tree(root, top_logp, top_tokens, budget, out)
+        return out
     rows = [
         heap_tree(logp, tokens, budget)
         for logp, tokens in zip(top_logp.tolist(), top_tokens.tolist(), strict=True)
@@ -112,7 +123,7 @@ def best_first_tree(
     device = logprobs.device
     pad = [[0] * (budget - len(row[0])) for row in rows]
     tree_parents = torch.tensor([[0, *row[1], *p] for row, p in zip(rows, pad, strict=True)], device=device)
-    return TreeBatch(
+    tree = TreeBatch(
         tokens=torch.tensor(
             [[r, *row[0], *p] for r, row, p in zip(root.tolist(), rows, pad, strict=True)], device=device
         ),
@@ -124,6 +135,10 @@ def best_first_tree(
         ),
         ancestors=ancestor_matrix(tree_parents, depth_limit),
     )
+    if out is None:
+        return tree
+    out.copy_(tree)
+    return out
 
 
 def heap_tree(
@@ -168,14 +183,39 @@ class Acceptance:
     bonus: torch.Tensor  # [B] the target's token after the last accepted index (the next root)
 
 
-def walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acceptance:
+def walk(
+    tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int, out: Acceptance | None = None
+) -> Acceptance:
     """Walk from the root into the child whose token is the target's token at the current index.
 
     target_tokens [B, N+1] is the target's token (argmax, or its own sample) after each index; only those
     along the walk matter, so each committed token comes from the target's conditional, which is what
     makes the walk lossless at any temperature. Siblings carry distinct tokens, so the accepted indices
-    form one path: every index whose ancestors all match.
+    form one path: every index whose ancestors all match. `out`: buffers to write the result into (on CUDA
+    one Triton launch does the whole walk there, `triton_step.walk`).
     """
+    kernels = ops.step_kernels_for(target_tokens)
+    if kernels is not None:
+        if out is None:
+            batch = target_tokens.shape[0]
+            out = Acceptance(
+                path=target_tokens.new_empty(batch, depth_limit + 1),
+                length=target_tokens.new_empty(batch),
+                bonus=target_tokens.new_empty(batch),
+            )
+        kernels.walk(tree.tokens, tree.parents, tree.depths, tree.valid, tree.ancestors, target_tokens,
+                     out.path, out.length, out.bonus)  # fmt: skip
+        return out
+    acceptance = _walk(tree, target_tokens, depth_limit)
+    if out is None:
+        return acceptance
+    for name in ("path", "length", "bonus"):
+        getattr(out, name).copy_(getattr(acceptance, name))
+    return out
+
+
+def _walk(tree: TreeBatch, target_tokens: torch.Tensor, depth_limit: int) -> Acceptance:
+    """`walk` in torch operations."""
     if tree.size == 0:  # the root alone (AR): it commits itself, and the target's token after it is next
         path = torch.zeros(tree.tokens.shape[0], depth_limit + 1, dtype=torch.long, device=tree.tokens.device)
         return Acceptance(path=path, length=torch.ones_like(target_tokens[:, 0]), bonus=target_tokens[:, 0])
