@@ -136,6 +136,7 @@ class DFlashDrafter(nn.Module):
     def new_cache(self, batch: int = 1, capacity: int = 256) -> StaticCache:
         entries = [layer.mixer.cache_entry() for layer in self.layers]
         weight = self.fc.weight
+        self.rotary.prepare(capacity, weight.dtype)  # a cache's positions are below its capacity
         return StaticCache(entries, batch, capacity, weight.device, weight.dtype, with_positions=True)
 
     def write_context(

@@ -61,6 +61,7 @@ class TargetModel(nn.Module):
         weight = self.embed_tokens.weight
         entries = self.cache_entries()
         cache = StaticCache(entries, batch, capacity, weight.device, weight.dtype)
+        self.rotary.prepare(capacity, weight.dtype)  # a cache's positions are below its capacity
         recurrent = [i for i, entry in enumerate(entries) if entry is None]
         if recurrent:  # every recurrent layer of a model has one shape
             mixer = self.layers[recurrent[0]].mixer
