@@ -274,7 +274,6 @@ def _best_first_tree_kernel(
     cand_parent_ptr,  # [B, L, K] int32 scratch: parent's slot at the previous depth
     cand_token_ptr,  # [B, L, K] int64 scratch
     chosen_ptr,  # [B, L*K] int32 scratch: node index of each chosen candidate, 0 if not chosen
-    key_ptr,  # [B, PAIRS] int64 scratch: one depth's pair keys, read back to rank them
     root_ptr,  # [B] int64
     tokens_ptr,  # [B, N+1] int64 out
     parents_ptr,  # [B, N+1] int64 out
@@ -288,7 +287,6 @@ def _best_first_tree_kernel(
     PAIRS: tl.constexpr,  # power of two >= num_pairs
     CANDIDATES: tl.constexpr,  # power of two >= DEPTHS * K
     NODES: tl.constexpr,  # power of two >= budget + 1
-    RANK_BLOCK: tl.constexpr,  # pair keys compared with all of a depth's at a time
 ):
     row = tl.program_id(0)
     logp = top_logp_ptr + row * DEPTHS * WIDTH
@@ -305,8 +303,7 @@ def _best_first_tree_kernel(
     pair = tl.arange(0, PAIRS)
     pi = tl.load(pair_parent_ptr + pair, mask=pair < num_pairs, other=0)
     pj = tl.load(pair_rank_ptr + pair, mask=pair < num_pairs, other=0)
-    keys = key_ptr + row * PAIRS
-    for depth in range(1, DEPTHS):
+    for depth in range(1, DEPTHS):  # a loop, not unrolled: one sorting network to compile, not DEPTHS of them
         tl.debug_barrier()  # the previous depth's stores are visible to every thread
         available = tl.load(count_ptr + depth - 1)  # prefixes at the previous depth
         usable = (pair < num_pairs) & (pi < available) & (pj < WIDTH)
@@ -314,26 +311,20 @@ def _best_first_tree_kernel(
         token_score = tl.load(logp + depth * WIDTH + pj, mask=usable, other=0.0)
         key = _sort_key(parent_score + token_score, pair, PAIRS)
         key = tl.where(usable, key, -(2**63) + 1)
-        tl.store(keys + pair, key)
-        tl.debug_barrier()
-        # each pair's rank among this depth's (keys are distinct): its slot, best first, if below K. Counting
-        # beats a sorting network here: the slots of the K best are all that is needed, not a sorted list.
-        rank = tl.zeros([PAIRS], dtype=tl.int32)
-        for start in range(0, PAIRS, RANK_BLOCK):
-            other = tl.load(keys + start + tl.arange(0, RANK_BLOCK))
-            rank += tl.sum((other[None, :] > key[:, None]).to(tl.int32), axis=1)
-        keep = usable & (rank < K)
-        slot = depth * K + rank
-        tl.store(scores + slot, parent_score + token_score, mask=keep)
-        tl.store(parent_slots + slot, pi, mask=keep)
-        token = tl.load(top_token_ptr + row * DEPTHS * WIDTH + depth * WIDTH + pj, mask=keep, other=0)
-        tl.store(tokens + slot, token, mask=keep)
-        # fewer usable pairs than K: the remaining slots hold no prefix
-        out = tl.arange(0, KP)
-        empty = (out >= tl.sum(usable.to(tl.int32), axis=0)) & (out < K)
-        tl.store(scores + depth * K + out, tl.full([KP], float("-inf"), tl.float32), mask=empty)
-        tl.store(parent_slots + depth * K + out, tl.zeros([KP], dtype=tl.int32), mask=empty)
-        tl.store(tokens + depth * K + out, tl.zeros([KP], dtype=tl.int64), mask=empty)
+        best = tl.sort(key, descending=True)
+        # the first K sorted keys are this depth's best extensions, best first
+        best_pair = (PAIRS - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+        keep = (tl.arange(0, PAIRS) < K) & (best > -(2**63) + 1)
+        i = tl.load(pair_parent_ptr + best_pair, mask=keep, other=0)
+        j = tl.load(pair_rank_ptr + best_pair, mask=keep, other=0)
+        value = tl.load(scores + (depth - 1) * K + i, mask=keep, other=0.0) + tl.load(
+            logp + depth * WIDTH + j, mask=keep, other=0.0
+        )
+        out = tl.arange(0, PAIRS)
+        tl.store(scores + depth * K + out, tl.where(keep, value, float("-inf")), mask=out < K)
+        tl.store(parent_slots + depth * K + out, i, mask=out < K)
+        token = tl.load(top_token_ptr + row * DEPTHS * WIDTH + depth * WIDTH + j, mask=keep, other=0)
+        tl.store(tokens + depth * K + out, token, mask=out < K)
     tl.debug_barrier()
     # the best `budget` prefixes of all depths; ties go to the shallower (lower candidate index)
     c = tl.arange(0, CANDIDATES)
@@ -509,8 +500,6 @@ def best_first_tree(
     parent_slots = torch.empty(batch, depths, budget, dtype=torch.int32, device=device)
     cand_tokens = torch.empty(batch, depths, budget, dtype=torch.long, device=device)
     chosen = torch.empty(batch, depths * budget, dtype=torch.int32, device=device)
-    pairs = triton.next_power_of_2(pair_parent.numel())
-    keys = torch.empty(batch, pairs, dtype=torch.long, device=device)
     assert all(getattr(out, name).is_contiguous() for name in out.FIELDS)
     _best_first_tree_kernel[(batch,)](
         top_logp.contiguous(),
@@ -522,7 +511,6 @@ def best_first_tree(
         parent_slots,
         cand_tokens,
         chosen,
-        keys,
         root,
         out.tokens,
         out.parents,
@@ -533,10 +521,9 @@ def best_first_tree(
         WIDTH=width,
         K=budget,
         KP=triton.next_power_of_2(budget),
-        PAIRS=pairs,
+        PAIRS=triton.next_power_of_2(pair_parent.numel()),
         CANDIDATES=triton.next_power_of_2(depths * budget),
         NODES=triton.next_power_of_2(size),
-        RANK_BLOCK=max(1, min(pairs, 8192 // pairs)),  # at most 8192 comparisons in flight
         num_warps=8,
     )
     _ancestors_kernel[(batch, size)](

@@ -182,7 +182,10 @@ def _keep_features_kernel(
     BLOCK: tl.constexpr,
 ):
     row, e, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = 0 if TAKEN_IN else tl.load(ctx_count_ptr + row)
+    if TAKEN_IN:
+        start = 0
+    else:
+        start = tl.load(ctx_count_ptr + row)
     node = tl.load(path_ptr + row * path_stride + e)
     dest = tl.minimum(start + e, pending_limit - 1)  # past a dead row's stale count: the last slot
     f = block * BLOCK + tl.arange(0, BLOCK)
@@ -244,8 +247,10 @@ def _commit_rows_kernel(
     line = tl.where(c == length, bonus, tl.where(c == 0, length, tl.where(along, token, 0)))
     tl.store(out_ptr + row * (path_width + 1) + c, line, mask=c < path_width + 1)
     if HAS_CONTEXT:
-        start = 0 if TAKEN_IN else tl.load(ctx_count_ptr + row)
-        tl.store(ctx_count_ptr + row, start + length)
+        if TAKEN_IN:
+            tl.store(ctx_count_ptr + row, length)
+        else:
+            tl.store(ctx_count_ptr + row, tl.load(ctx_count_ptr + row) + length)
     tl.store(prefix_ptr + row, tl.load(prefix_ptr + row) + length)
     tl.store(root_ptr + row, bonus)
 
