@@ -135,6 +135,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pair", default="zoo:tiny-hybrid", help="a zoo pair (zoo:NAME) or a target path")
+    parser.add_argument("--draft", help="the drafter's path, with a target path")
     parser.add_argument("--modes", default="ar,ddtree-64")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument(
@@ -147,7 +148,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     labels = args.modes.split(",")
     budgets = [int(m.partition("-")[2] or 0) for m in labels]
-    target_path, draft_path = resolve_models(args.pair, None, "ddtree", max(budgets) or 16)
+    target_path, draft_path = resolve_models(args.pair, args.draft, "ddtree", max(budgets) or 16)
     target = load_target(target_path, device=torch.device("cpu"), dtype=dtype)
     drafter = load_drafter(draft_path, device=torch.device("cpu"), dtype=dtype)
     prompt = random_prompt(target.config.vocab_size, args.prompt_tokens)

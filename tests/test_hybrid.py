@@ -98,6 +98,21 @@ def test_logits_match_transformers_prefill_and_incremental(checkpoints, name):
     assert torch.allclose(torch.cat(pieces), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_next_moe"])
+def test_state_dict_gives_the_checkpoints_tensors_back(checkpoints, name):
+    """Qwen3-Next's projections are stored part by part, not per key head as checkpoints have them: its
+    state_dict (what random pairs and trained targets are saved from) must still be the checkpoint."""
+    from safetensors.torch import load_file
+
+    saved = {}
+    for path in sorted(checkpoints[name].glob("*.safetensors")):
+        saved |= load_file(path)
+    ours = {k: v for k, v in load_target(checkpoints[name]).state_dict().items() if "in_proj" in k}
+    assert len(ours) == 2 * 3  # in_proj_qkvz and in_proj_ba of each of the 3 linear-attention layers
+    for key, value in ours.items():
+        assert torch.equal(value, saved["model." + key]), key
+
+
 def test_every_tree_node_equals_a_causal_forward_over_its_path(target):
     prefix = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(4)).tolist()
     root = 7

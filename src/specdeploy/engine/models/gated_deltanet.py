@@ -8,6 +8,7 @@ convolution window and recurrent state come from its own ancestors only (`recurr
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -172,23 +173,59 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out)
 
 
+def part_by_part(groups: int, widths: list[int]) -> torch.Tensor:
+    """Row indices that reorder rows laid out group by group ([part 0 | part 1 | ...] of group 0, then of group
+    1, ...) part by part (part 0 of every group, then part 1 of every group, ...)."""
+    block, offsets = sum(widths), [0, *itertools.accumulate(widths)][:-1]
+    return torch.cat(
+        [
+            torch.arange(width) + offset + g * block
+            for offset, width in zip(offsets, widths, strict=True)
+            for g in range(groups)
+        ]
+    )
+
+
 class Qwen3NextGatedDeltaNet(GatedDeltaNet):
-    """Qwen3-Next: q, k, v, z fused in in_proj_qkvz and b, a in in_proj_ba, both grouped per key head."""
+    """Qwen3-Next: q, k, v, z fused in in_proj_qkvz and b, a in in_proj_ba. Checkpoints group both per key head
+    (q, k, v, z of key head 0, then of head 1, ...); the module keeps their rows part by part (every head's q,
+    then every head's k, ...), so that q|k|v, z, b and a are slices of the projections' outputs, with no copy.
+    `load_checkpoint_state` reorders a checkpoint's rows, and `state_dict()` gives them back in its order."""
 
     def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.in_proj_qkvz = nn.Linear(self.hidden, 2 * self.key_size + 2 * self.value_size, bias=False)
         self.in_proj_ba = nn.Linear(self.hidden, 2 * self.v_heads, bias=False)
+        self.register_state_dict_post_hook(Qwen3NextGatedDeltaNet._checkpoint_order)
+
+    def _orders(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """For each projection, the checkpoint row each of this module's rows holds."""
+        group = self.v_heads // self.k_heads
+        widths = [self.k_dim, self.k_dim, group * self.v_dim, group * self.v_dim]
+        with torch.device(device):  # made when needed: the module itself may live on the meta device
+            return {
+                "in_proj_qkvz.weight": part_by_part(self.k_heads, widths),
+                "in_proj_ba.weight": part_by_part(self.k_heads, [group, group]),
+            }
+
+    def merge_parts(self, state_dict: dict, prefix: str) -> None:
+        """A checkpoint-named `state_dict`'s projection rows in this module's order (`load_checkpoint_state`)."""
+        for name, order in self._orders(torch.device("cpu")).items():
+            weight = state_dict.get(prefix + name)
+            if weight is not None:
+                state_dict[prefix + name] = weight[order.to(weight.device)]
+
+    def _checkpoint_order(self, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+        for name, order in self._orders(torch.device("cpu")).items():
+            weight = state_dict.get(prefix + name)
+            if weight is not None:
+                state_dict[prefix + name] = weight[torch.argsort(order).to(weight.device)]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        group = self.v_heads // self.k_heads
-        qkvz = self.in_proj_qkvz(x).view(batch, tokens, self.k_heads, -1)
-        q, k, v, z = qkvz.split([self.k_dim, self.k_dim, group * self.v_dim, group * self.v_dim], dim=-1)
-        b, a = self.in_proj_ba(x).view(batch, tokens, self.k_heads, 2 * group).split([group, group], dim=-1)
-        mixed = torch.cat([t.reshape(batch, tokens, -1) for t in (q, k, v)], dim=-1)
-        heads = (batch, tokens, self.v_heads)
-        return mixed, z.reshape(*heads, self.v_dim), b.reshape(heads), a.reshape(heads)
+        mixed, z = self.in_proj_qkvz(x).split([2 * self.key_size + self.value_size, self.value_size], dim=-1)
+        b, a = self.in_proj_ba(x).split([self.v_heads, self.v_heads], dim=-1)
+        return mixed, z.view(batch, tokens, self.v_heads, self.v_dim), b, a
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNet):
