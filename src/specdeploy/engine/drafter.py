@@ -180,12 +180,18 @@ class DFlashDrafter(nn.Module):
         visible = batch.visible & layer_visibility(batch.positions, key_positions, is_causal, window)
         return dataclasses.replace(batch, visible=visible, _bias={})
 
-    def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Draft logits in float32 through the target's LM head, with the drafter's multiplier and softcap."""
-        logits = lm_head(hidden).float() * self.output_multiplier
+    def compute_logits(
+        self, hidden: torch.Tensor, lm_head: nn.Module, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Draft logits in float32 through the target's LM head, with the drafter's multiplier and softcap;
+        `out`: a float32 buffer to write them into."""
+        logits = lm_head(hidden)
+        if self.output_multiplier == 1.0 and self.final_logit_softcapping is None and out is not None:
+            return out.copy_(logits)  # the cast in the copy: one launch, not a cast and a copy
+        logits = logits.float() * self.output_multiplier
         if self.final_logit_softcapping is not None:
             logits = torch.tanh(logits / self.final_logit_softcapping) * self.final_logit_softcapping
-        return logits
+        return logits if out is None else out.copy_(logits)
 
     def check_compatible(self, target_config: TargetConfigLike) -> None:
         """Raise SpecdeployError naming every way this drafter does not fit `target_config`."""

@@ -60,11 +60,21 @@ class ForwardBatch:
         return self._bias[key]
 
 
+_row_offsets: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+
+
 def flat_slots(slots: torch.Tensor, capacity: int, row_start: int = 0) -> torch.Tensor:
     """cache row * capacity + slot for slots [B, T] of cache rows row_start.., flattened: what
     `StaticCache.store` indexes."""
-    rows = row_start + torch.arange(slots.shape[0], device=slots.device)[:, None]
-    return (slots + rows * capacity).flatten()
+    key = (slots.shape[0], capacity, row_start, slots.device)
+    offsets = _row_offsets.get(key)
+    if (
+        offsets is None
+    ):  # made once per shape (a CUDA graph's warm-up runs before its capture): one launch fewer
+        offsets = _row_offsets[key] = (
+            row_start + torch.arange(slots.shape[0], device=slots.device)[:, None]
+        ) * capacity
+    return (slots + offsets).flatten()
 
 
 def causal_visibility(new: int, cached: int, window: int, device: torch.device) -> torch.Tensor:

@@ -251,6 +251,7 @@ class StepRunner:
             vocab = self.target.config.vocab_size
             width = len(self.feature_layers) * self.target.config.hidden_size
             self.block_index = torch.arange(self.block, device=self.device)
+            self.block_is_root = self.block_index == 0  # a draft block: the root, then mask tokens
             self.pending_index = torch.arange(self.pending_limit, device=self.device)
             # each row's pending target features (its first ctx_count), oldest first
             self.ctx = torch.zeros(rows, self.pending_limit, width, dtype=self.dtype, device=self.device)
@@ -730,7 +731,7 @@ class StepRunner:
         prefix = self.prefix[:rows]
         positions = prefix[:, None] + block
         slots = self._live_slots(rows, positions, self.draft_cache)
-        ids = torch.where(block == 0, self.root[:rows, None], drafter.mask_token_id)
+        ids = torch.where(self.block_is_root, self.root[:rows, None], drafter.mask_token_id)
         noise = self.target.embed_tokens(ids)
         if drafter.input_embedding_scale != 1.0:
             noise = noise * drafter.input_embedding_scale
@@ -739,7 +740,7 @@ class StepRunner:
             positions, slots, visible[:, None].expand(-1, self.block, -1), self.cache.capacity
         )
         hidden = drafter.draft(noise, batch, self.draft_cache)
-        self.draft_logits[:rows].copy_(drafter.compute_logits(hidden[:, 1:], self.target.lm_head))
+        drafter.compute_logits(hidden[:, 1:], self.target.lm_head, out=self.draft_logits[:rows])
 
     def _build_tree(self, rows: int, size: int, greedy: bool, predict: bool = False) -> None:
         """This step's trees, written into the buffers of their size (never run for an AR step, whose tree is the
