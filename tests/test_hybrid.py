@@ -98,17 +98,18 @@ def test_logits_match_transformers_prefill_and_incremental(checkpoints, name):
     assert torch.allclose(torch.cat(pieces), expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_next_moe"])
-def test_state_dict_gives_the_checkpoints_tensors_back(checkpoints, name):
-    """Qwen3-Next's projections are stored part by part, not per key head as checkpoints have them: its
-    state_dict (what random pairs and trained targets are saved from) must still be the checkpoint."""
+@pytest.mark.parametrize(("name", "projections"), [("qwen3_next", 2), ("qwen3_next_moe", 2), ("qwen3_5", 4)])
+def test_state_dict_gives_the_checkpoints_tensors_back(checkpoints, name, projections):
+    """Qwen3-Next's projections are stored part by part, not per key head as checkpoints have them, and
+    Qwen3.5's four as one: the state_dict (what random pairs and trained targets are saved from) must still be
+    the checkpoint."""
     from safetensors.torch import load_file
 
     saved = {}
     for path in sorted(checkpoints[name].glob("*.safetensors")):
         saved |= load_file(path)
     ours = {k: v for k, v in load_target(checkpoints[name]).state_dict().items() if "in_proj" in k}
-    assert len(ours) == 2 * 3  # in_proj_qkvz and in_proj_ba of each of the 3 linear-attention layers
+    assert len(ours) == projections * 3  # of each of the 3 linear-attention layers
     for key, value in ours.items():
         assert torch.equal(value, saved["model." + key]), key
 

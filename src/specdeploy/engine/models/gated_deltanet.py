@@ -26,6 +26,7 @@ from specdeploy.engine.models.gated_delta_rule import (
     rule_inputs,
     tree_rule,
 )
+from specdeploy.engine.models.layers import MergedLinear
 from specdeploy.engine.recurrent_state import RecurrentCache, causal_windows, chain_paths, conv_windows
 from specdeploy.errors import SpecdeployError
 
@@ -229,16 +230,16 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNet):
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNet):
-    """Qwen3.5: separate in_proj_qkv, in_proj_z, in_proj_b and in_proj_a, in plain head order."""
+    """Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a in plain head order, run as one matmul."""
 
     def __init__(self, config: dict[str, Any], layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.in_proj_qkv = nn.Linear(self.hidden, 2 * self.key_size + self.value_size, bias=False)
-        self.in_proj_z = nn.Linear(self.hidden, self.value_size, bias=False)
-        self.in_proj_b = nn.Linear(self.hidden, self.v_heads, bias=False)
-        self.in_proj_a = nn.Linear(self.hidden, self.v_heads, bias=False)
+        parts = {"in_proj_qkv": 2 * self.key_size + self.value_size, "in_proj_z": self.value_size}
+        self.in_proj = MergedLinear(
+            self.hidden, parts | {"in_proj_b": self.v_heads, "in_proj_a": self.v_heads}
+        )
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        z = self.in_proj_z(x).view(batch, tokens, self.v_heads, self.v_dim)
-        return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        mixed, z, b, a = self.in_proj(x).split(list(self.in_proj.parts.values()), dim=-1)
+        return mixed, z.view(batch, tokens, self.v_heads, self.v_dim), b, a
