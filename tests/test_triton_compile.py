@@ -1,99 +1,137 @@
-"""The step's Triton kernels compile for a Hopper GPU (sm_90), on this CPU, with Triton's ahead-of-time compiler.
+"""Every Triton kernel the CUDA code path launches compiles for a Hopper GPU (sm_90), on this CPU.
 
 The interpreter (test_triton_interpreted.py) runs a kernel's Python, so it cannot see what only the compiler
-rejects (a loop-carried variable whose shape changes, say). This compiles each kernel to a cubin with Triton's
-own ptxas, for the shapes the engine launches.
+rejects (a loop-carried variable whose shape changes, say). Here one process decodes with every model family,
+mode and a changing DDTree budget along the CUDA code path under Triton's interpreter
+(`SPECDEPLOY_TRITON=interpret`) and records each distinct launch: the kernel, its arguments' types and its
+constexprs. Another compiles each of them to a cubin with Triton's ahead-of-time compiler and its own ptxas.
 """
 
 from __future__ import annotations
 
-import pytest
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
-from specdeploy.engine import triton_kernels, triton_step
+ROOT = Path(__file__).resolve().parents[1]
 
-HOPPER = GPUTarget("cuda", 90, 32)
-I64 = "*i64"
+RECORD = textwrap.dedent(
+    """
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import triton.runtime.interpreter as interpreter
+
+    sys.path.insert(0, "tests")
+    from decode_helpers import write_pair
+    from hybrid_helpers import write_drafter, write_target
+    from test_batch import run, scripted_policy
+
+    from specdeploy.engine.batch import BatchEngine
+    from specdeploy.engine.loading import load_drafter, load_target
+    from specdeploy.engine.sampling import SamplingParams
+
+    TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+             torch.int32: "i32", torch.int8: "i8", torch.bool: "i1", torch.uint8: "u8"}
+
+    def kind(value):  # [the type a non-constexpr parameter compiles as, the value a constexpr one takes]
+        if isinstance(value, torch.Tensor):
+            return ["*" + TYPES[value.dtype], None]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return ["i32" if -(2**31) <= value < 2**31 else "i64", value]
+        if isinstance(value, float):
+            return ["fp32", value]
+        return ["constexpr", value]  # None or a bool: Triton folds them in as constants
+
+    launches = {}
+    launch = interpreter.InterpretedFunction.run
+
+    def recorded(self, *args, **kwargs):
+        names = self.arg_names
+        values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+        entry = {"module": self.fn.__module__, "name": self.fn.__name__,
+                 "args": {name: kind(value) for name, value in values.items()},
+                 "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
+        launches[json.dumps(entry, sort_keys=True)] = entry
+        return launch(self, *args, **kwargs)
+
+    interpreter.InterpretedFunction.run = recorded
+    root = Path(tempfile.mkdtemp())
+    # dense attention; MLA and routed experts with shared ones; Gated DeltaNet
+    pairs = {family: write_pair(root, family) for family in ("qwen3", "deepseek_v3")}
+    pairs["qwen3_next"] = (write_target("qwen3_next", root / "next"), write_drafter(root / "next-draft"))
+    prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
+    params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
+              SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
+    for family, (target_dir, draft_dir) in pairs.items():
+        target = load_target(target_dir, dtype=torch.bfloat16)
+        drafter = load_drafter(draft_dir, dtype=torch.bfloat16)
+        # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
+        engine = BatchEngine(target, drafter, "ddtree", 8, max_running=2, max_context=96,
+                             policy=scripted_policy([8, 0, 5]), fixed_shapes=True)
+        run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(prompts, params))])
+    print(json.dumps(list(launches.values())))
+    """
+)
+
+COMPILE = textwrap.dedent(
+    """
+    import importlib
+    import json
+    import sys
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failures, done = [], set()
+    for launch in json.load(sys.stdin):
+        kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
+        signature, constants = {}, {}
+        for param in kernel.params:
+            kind, value = launch["args"][param.name]
+            if param.is_constexpr or kind == "constexpr":
+                constants[param.name] = value
+                signature[param.name] = "constexpr"
+            else:
+                signature[param.name] = kind  # an int's value does not change what compiles
+        key = json.dumps([launch["name"], signature, constants, launch["options"]], sort_keys=True)
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                           options=launch["options"])
+        except Exception as exc:
+            failures.append(f"{launch['name']} {constants}: {type(exc).__name__}: {str(exc)[-800:]}")
+    print(json.dumps({"compiled": len(done), "failures": failures}))
+    """
+)
 
 
-def compile_for_hopper(fn, signature: dict[str, str], constants: dict[str, object]) -> None:
-    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants), target=HOPPER)
-    assert kernel.asm["cubin"], fn.__name__
-
-
-def test_the_walk_and_the_move_compile() -> None:
-    walk = dict.fromkeys(("tokens_ptr", "parents_ptr", "depths_ptr"), I64)
-    walk |= {
-        "valid_ptr": "*i8",
-        "ancestors_ptr": "*i8",
-        "target_ptr": I64,
-        "path_ptr": I64,
-        "length_ptr": I64,
-    }
-    walk |= {"bonus_ptr": I64, "size": "i32", "path_width": "i32", "path_stride": "i32"}
-    for nodes in (16, 512):  # an AR step's root alone; a budget-256 tree
-        compile_for_hopper(
-            triton_step._walk_kernel, walk, {"NODES": nodes, "BLOCK": min(32, nodes), "PATH": 16}
-        )
-    move = {"cache_ptr": "*bf16", "path_ptr": I64, "length_ptr": I64, "prefix_ptr": I64, "entry": "i32"}
-    move |= {"layer_stride": "i64", "row_stride": "i64", "slot_stride": "i64", "path_width": "i32"}
-    compile_for_hopper(triton_step._move_kernel, move, {"PATH": 16, "BLOCK": 256})
-
-
-@pytest.mark.parametrize("taken_in", [True, False])
-def test_the_rows_commit_compiles(taken_in: bool) -> None:
-    features = {"features_ptr": "*bf16", "ctx_ptr": "*bf16", "ctx_count_ptr": I64, "path_ptr": I64}
-    features |= dict.fromkeys(
-        ("path_stride", "features_row", "features_node", "ctx_row", "ctx_slot", "dim", "pending_limit"), "i32"
+def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) -> None:
+    interpreted = {**os.environ, "TRITON_INTERPRET": "1", "SPECDEPLOY_TRITON": "interpret"}
+    recorded = subprocess.run(
+        [sys.executable, "-c", RECORD], cwd=ROOT, env=interpreted, capture_output=True, text=True, timeout=900
     )
-    compile_for_hopper(triton_step._keep_features_kernel, features, {"TAKEN_IN": taken_in, "BLOCK": 1024})
-    rows = dict.fromkeys(
-        (
-            "path_ptr",
-            "length_ptr",
-            "bonus_ptr",
-            "tokens_ptr",
-            "prefix_ptr",
-            "root_ptr",
-            "out_ptr",
-            "ctx_count_ptr",
-        ),
-        I64,
-    )
-    rows |= {"size": "i32", "path_width": "i32"}
-    for context in (True, False):
-        compile_for_hopper(
-            triton_step._commit_rows_kernel, rows, {"HAS_CONTEXT": context, "TAKEN_IN": taken_in, "OUT": 32}
-        )
-
-
-def test_the_best_first_tree_compiles_at_budget_64() -> None:
-    budget, depths = 64, 15
-    pair_parent, _, _ = triton_kernels.tree_constants(budget, budget, depths, torch.device("cpu"))
-    signature = {
-        "top_logp_ptr": "*fp32",
-        "top_token_ptr": I64,
-        "pair_parent_ptr": "*i32",
-        "pair_rank_ptr": "*i32",
-    }
-    signature |= {
-        "count_ptr": "*i32",
-        "cand_score_ptr": "*fp32",
-        "cand_parent_ptr": "*i32",
-        "cand_token_ptr": I64,
-    }
-    signature |= {
-        "chosen_ptr": "*i32",
-        "root_ptr": I64,
-        "tokens_ptr": I64,
-        "parents_ptr": I64,
-        "depths_ptr": I64,
-    }
-    signature |= {"valid_ptr": "*i8", "num_pairs": "i32"}
-    constants = {"DEPTHS": depths, "WIDTH": budget, "K": budget, "KP": budget}
-    constants |= {"PAIRS": triton.next_power_of_2(pair_parent.numel()), "CANDIDATES": 1024, "NODES": 128}
-    compile_for_hopper(triton_kernels._best_first_tree_kernel, signature, constants)
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    launches = json.loads(recorded.stdout.strip().splitlines()[-1])
+    names = {launch["name"] for launch in launches}
+    # each family's own kernels were launched (else the run did not take the CUDA path)
+    expected = {"_walk_kernel", "_move_kernel", "_commit_rows_kernel", "_keep_features_kernel", "_rms_norm_kernel",
+                "_best_first_tree_kernel", "_tree_rule_kernel", "_gate_up_kernel", "_mla_query_entry_kernel"}  # fmt: skip
+    assert expected <= names, expected - names
+    compiled = subprocess.run(
+        [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,
+        timeout=900, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)},  # compiled here, not found cached
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    result = json.loads(compiled.stdout.strip().splitlines()[-1])
+    assert not result["failures"], "\n".join(result["failures"])
+    assert result["compiled"] >= len(names)
