@@ -118,6 +118,9 @@ class TreeBuffers:
     target_tokens: torch.Tensor  # [rows, N+1] the target's token after each index
     features: torch.Tensor | None  # [rows, N+1, K*H] target features for the drafter
     logits: torch.Tensor | None = None  # [rows, N+1, V] while some row samples
+    # Chains only (their structure never changes): per count of step rows, the recurrent layers' root paths and
+    # what the layers derive from them (`ForwardBatch.shared`), made by the first step of that count
+    chain_paths: dict[int, tuple[torch.Tensor, dict]] | None = None
 
 
 @dataclass
@@ -269,6 +272,7 @@ class StepRunner:
             if size == 0 or self.mode == "dflash":  # chains: only their tokens change from step to step
                 tree.copy_(chain_tree(self.root, self.root[:, None].expand(-1, size)))
             self._trees[size] = TreeBuffers(
+                chain_paths={} if size == 0 or self.mode == "dflash" else None,
                 tree=tree,
                 target_tokens=torch.zeros(self.rows, size + 1, dtype=torch.long, device=self.device),
                 features=features,
@@ -778,7 +782,7 @@ class StepRunner:
         visible = (column < 0) | (in_tree & (column <= size))
         batch = ForwardBatch(positions, slots, visible, self.cache.capacity)
         if self.target.has_recurrent_layers:
-            batch.tree_paths = root_paths(tree.ancestors, min(size, self.depth_limit) + 1)
+            batch.tree_paths, batch.shared = self._recurrent_paths(buffers, tree, rows, size, batch.shared)
         hidden, features = self.target.run(tokens, batch, self.cache, self.feature_layers)
         logits = self.target.lm_head(hidden)
         buffers.target_tokens[:rows].copy_(logits.argmax(dim=-1))
@@ -786,6 +790,20 @@ class StepRunner:
             buffers.logits[:rows].copy_(logits)
         if features is not None:
             buffers.features[:rows].copy_(features)
+
+    def _recurrent_paths(
+        self, buffers: TreeBuffers, tree: TreeBatch, rows: int, size: int, shared: dict
+    ) -> tuple[torch.Tensor, dict]:
+        """The trees' root paths for recurrent layers, and the dict in which the layers share what they derive
+        from them. A chain's are made once per count of rows and kept (on a GPU by the warm-up run that precedes
+        a graph's capture, so the graph only reads them)."""
+        chains = buffers.chain_paths
+        if chains is not None and rows in chains:
+            return chains[rows]
+        made = (root_paths(tree.ancestors, min(size, self.depth_limit) + 1), shared)
+        if chains is not None:
+            chains[rows] = made
+        return made
 
     def _accept(self, rows: int, size: int, greedy: bool) -> None:
         buffers = self._trees[size]
