@@ -105,7 +105,8 @@ def test_triton_tree_equals_the_torch_tree(budget):
     root = torch.tensor([3, 4], device="cuda")
     got = best_first_tree(root, logprobs, budget)
     top_logp, top_tokens = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-    kernel = TreeBatch(*triton().best_first_tree(root, top_logp, top_tokens, budget))
+    kernel = TreeBatch.empty(2, budget, root.device)
+    triton().best_first_tree(root, top_logp, top_tokens, budget, kernel)
     with torch.device("cpu"):
         reference = best_first_tree(root.cpu(), logprobs.cpu(), budget)  # the torch selection on the CPU
     for name in ("tokens", "parents", "depths", "valid", "ancestors"):
