@@ -23,7 +23,7 @@ CHECKS = textwrap.dedent(
     sys.path.insert(0, "tests")
     from specdeploy.engine import ops, triton_kernels as tk
     from specdeploy.engine.models.rope import RotaryEmbedding
-    from specdeploy.engine.tree import TreeBatch, best_first_tree, expected_accept_lengths
+    from specdeploy.engine.tree import TreeBatch, best_first_tree, expected_accept_lengths, root_paths
     from tree_oracle import certify_best_first, tree_from_batch
 
     torch.manual_seed(0)
@@ -65,7 +65,9 @@ CHECKS = textwrap.dedent(
         root = torch.tensor([5, 9])
         top = torch.topk(logprobs, min(budget, vocab), dim=-1)
         got = TreeBatch.empty(2, budget, torch.device("cpu"))
-        tk.best_first_tree(root, top.values, top.indices, budget, got)
+        paths = torch.empty(2, budget + 1, min(budget, depths) + 1, dtype=torch.long)
+        tk.best_first_tree(root, top.values, top.indices, budget, got, paths)
+        assert torch.equal(paths, root_paths(got.ancestors, paths.shape[-1])), (depths, vocab, budget)
         want = best_first_tree(root, logprobs, budget)
         for name in ("tokens", "parents", "depths", "valid", "ancestors"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (depths, vocab, budget, name)

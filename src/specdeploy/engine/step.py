@@ -121,6 +121,8 @@ class TreeBuffers:
     # Chains only (their structure never changes): per count of step rows, the recurrent layers' root paths and
     # what the layers derive from them (`ForwardBatch.shared`), made by the first step of that count
     chain_paths: dict[int, tuple[torch.Tensor, dict]] | None = None
+    # DDTree trees for recurrent layers: [rows, N+1, D] root paths, written by the tree stage with the tree
+    paths: torch.Tensor | None = None
 
 
 @dataclass
@@ -271,8 +273,14 @@ class StepRunner:
             tree = TreeBatch.empty(self.rows, size, self.device)
             if size == 0 or self.mode == "dflash":  # chains: only their tokens change from step to step
                 tree.copy_(chain_tree(self.root, self.root[:, None].expand(-1, size)))
+            chain = size == 0 or self.mode == "dflash"
+            paths = None
+            if self.target.has_recurrent_layers and not chain:
+                columns = min(size, self.depth_limit) + 1
+                paths = torch.zeros(self.rows, size + 1, columns, dtype=torch.long, device=self.device)
             self._trees[size] = TreeBuffers(
-                chain_paths={} if size == 0 or self.mode == "dflash" else None,
+                chain_paths={} if chain else None,
+                paths=paths,
                 tree=tree,
                 target_tokens=torch.zeros(self.rows, size + 1, dtype=torch.long, device=self.device),
                 features=features,
@@ -755,7 +763,10 @@ class StepRunner:
             logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
             width = min(max([size, *(self.curve_budgets if predict else [])]), logprobs.shape[-1])
             top = top_k(logprobs, width)  # one selection for the tree and the prediction
-            best_first_tree(root, logprobs, size, top, out=tree)
+            paths = self._trees[size].paths
+            best_first_tree(
+                root, logprobs, size, top, out=tree, paths=None if paths is None else paths[:rows]
+            )
             if predict:
                 predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
                 self.expected_buffer[:rows].copy_(predicted)
@@ -795,8 +806,10 @@ class StepRunner:
         self, buffers: TreeBuffers, tree: TreeBatch, rows: int, size: int, shared: dict
     ) -> tuple[torch.Tensor, dict]:
         """The trees' root paths for recurrent layers, and the dict in which the layers share what they derive
-        from them. A chain's are made once per count of rows and kept (on a GPU by the warm-up run that precedes
-        a graph's capture, so the graph only reads them)."""
+        from them. A DDTree tree's come from its tree stage; a chain's are made once per count of rows and kept
+        (on a GPU by the warm-up run that precedes a graph's capture, so the graph only reads them)."""
+        if buffers.paths is not None:  # a DDTree tree's, written by its tree stage
+            return buffers.paths[:rows], shared
         chains = buffers.chain_paths
         if chains is not None and rows in chains:
             return chains[rows]

@@ -96,6 +96,7 @@ def best_first_tree(
     budget: int,
     top: tuple[torch.Tensor, torch.Tensor] | None = None,
     out: TreeBatch | None = None,
+    paths: torch.Tensor | None = None,
 ) -> TreeBatch:
     """The `budget` prefixes with the highest product of per-depth draft marginals (DDTree).
 
@@ -104,7 +105,8 @@ def best_first_tree(
     the reference construction runs on the host, where a heap costs less than many small tensor operations.
     Nodes come in depth order (parents first); trees with fewer prefixes than `budget` are padded with
     invalid nodes. `top`: `top_k(logprobs, k)` for some k >= min(budget, V), when already computed; `out`: a
-    tree of this size to write into (the kernel writes there directly).
+    tree of this size to write into (the kernel writes there directly); `paths` [B, N+1, D]: filled with the
+    tree's `root_paths` (for recurrent layers; on CUDA by the ancestor relation's own launch).
     """
     batch, depth_limit, vocab = logprobs.shape
     width = min(budget, vocab)
@@ -114,7 +116,7 @@ def best_first_tree(
     if kernels is not None:
         if out is None:
             out = TreeBatch.empty(batch, budget, logprobs.device)
-        kernels.best_first_tree(root, top_logp, top_tokens, budget, out)
+        kernels.best_first_tree(root, top_logp, top_tokens, budget, out, paths)
         return out
     rows = [
         heap_tree(logp, tokens, budget)
@@ -135,6 +137,8 @@ def best_first_tree(
         ),
         ancestors=ancestor_matrix(tree_parents, depth_limit),
     )
+    if paths is not None:
+        paths.copy_(root_paths(tree.ancestors, paths.shape[-1]))
     if out is None:
         return tree
     out.copy_(tree)

@@ -453,7 +453,14 @@ def expected_accept_lengths(top_logp: torch.Tensor, budgets: list[int]) -> torch
 
 @triton.jit
 def _ancestors_kernel(
-    parents_ptr, ancestors_ptr, NODES: tl.constexpr, SIZE: tl.constexpr, DEPTHS: tl.constexpr
+    parents_ptr,
+    ancestors_ptr,
+    paths_ptr,  # [B, SIZE, COLUMNS] int64 out when COLUMNS > 0: `tree.root_paths`
+    NODES: tl.constexpr,
+    SIZE: tl.constexpr,
+    DEPTHS: tl.constexpr,
+    COLUMNS: tl.constexpr,
+    CP: tl.constexpr,  # power of two >= COLUMNS
 ):
     row = tl.program_id(0)
     node = tl.program_id(1)
@@ -464,6 +471,15 @@ def _ancestors_kernel(
         current = tl.load(parents_ptr + row * SIZE + current)
         seen = seen | (n == current)
     tl.store(ancestors_ptr + (row * SIZE + node) * SIZE + n, seen.to(tl.int8), mask=n < SIZE)
+    if COLUMNS > 0:  # the node's root path: each ancestor at its depth, itself last, -1 after
+        depth = tl.sum(seen.to(tl.int32), axis=0) - 1  # counted as root_paths counts it (padding: depth 1)
+        c = tl.arange(0, CP)
+        path = tl.full([CP], -1, tl.int64)
+        current = node
+        for step in tl.static_range(DEPTHS + 1):
+            path = tl.where(c == depth - step, current, path)
+            current = tl.load(parents_ptr + row * SIZE + current)
+        tl.store(paths_ptr + (row * SIZE + node) * COLUMNS + c, path, mask=c < COLUMNS)
 
 
 _constants: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, ...]] = {}
@@ -488,10 +504,16 @@ def tree_constants(budget: int, width: int, depths: int, device: torch.device) -
 
 
 def best_first_tree(
-    root: torch.Tensor, top_logp: torch.Tensor, top_tokens: torch.Tensor, budget: int, out
+    root: torch.Tensor,
+    top_logp: torch.Tensor,
+    top_tokens: torch.Tensor,
+    budget: int,
+    out,
+    paths: torch.Tensor | None = None,
 ) -> None:
     """The DDTree tree from each depth's best tokens, into `out` (a `TreeBatch` of `budget` nodes, contiguous
-    rows): tokens, parents, depths and validity by one launch, the ancestor relation by another."""
+    rows): tokens, parents, depths and validity by one launch, the ancestor relation (and with `paths`
+    [B, budget + 1, columns], contiguous, the root paths `tree.root_paths` gives) by another."""
     batch, depths, width = top_logp.shape
     device = top_logp.device
     pair_parent, pair_rank, counts = tree_constants(budget, width, depths, device)
@@ -526,12 +548,17 @@ def best_first_tree(
         NODES=triton.next_power_of_2(size),
         num_warps=8,
     )
+    columns = 0 if paths is None else paths.shape[-1]
+    assert paths is None or (paths.is_contiguous() and paths.shape[:2] == out.parents.shape)
     _ancestors_kernel[(batch, size)](
         out.parents,
         out.ancestors.view(torch.int8),
+        paths if paths is not None else out.parents,
         NODES=triton.next_power_of_2(size),
         SIZE=size,
         DEPTHS=depths,
+        COLUMNS=columns,
+        CP=max(2, triton.next_power_of_2(columns)),
         num_warps=1,
     )
 
