@@ -271,13 +271,13 @@ class StepRunner:
                 width = self.ctx.shape[-1]
                 features = torch.zeros(self.rows, size + 1, width, dtype=self.dtype, device=self.device)
             tree = TreeBatch.empty(self.rows, size, self.device)
-            if size == 0 or self.mode == "dflash":  # chains: only their tokens change from step to step
-                tree.copy_(chain_tree(self.root, self.root[:, None].expand(-1, size)))
             chain = size == 0 or self.mode == "dflash"
+            if chain:  # only their tokens change from step to step
+                tree.copy_(chain_tree(self.root, self.root[:, None].expand(-1, size)))
             paths = None
             if self.target.has_recurrent_layers and not chain:
-                columns = min(size, self.depth_limit) + 1
-                paths = torch.zeros(self.rows, size + 1, columns, dtype=torch.long, device=self.device)
+                shape = (self.rows, size + 1, self.path_width(size))
+                paths = torch.zeros(shape, dtype=torch.long, device=self.device)
             self._trees[size] = TreeBuffers(
                 chain_paths={} if chain else None,
                 paths=paths,
@@ -290,6 +290,11 @@ class StepRunner:
             vocab = self.target.config.vocab_size
             buffers.logits = torch.zeros(self.rows, size + 1, vocab, dtype=self.dtype, device=self.device)
         return buffers
+
+    def path_width(self, size: int) -> int:
+        """Path entries (root included) a step with trees of `size` nodes can commit: its depth, at most the
+        drafter's block, and the root."""
+        return min(size, self.depth_limit) + 1
 
     @property
     def reserve_margin(self) -> int:
@@ -758,15 +763,14 @@ class StepRunner:
         """This step's trees, written into the buffers of their size (never run for an AR step, whose tree is the
         root alone)."""
         root = self.root[:rows]
-        tree = self._trees[size].tree.rows(rows)
+        buffers = self._trees[size]
+        tree = buffers.tree.rows(rows)
         if self.mode == "ddtree":
             logprobs = torch.log_softmax(self.draft_logits[:rows], dim=-1)
             width = min(max([size, *(self.curve_budgets if predict else [])]), logprobs.shape[-1])
             top = top_k(logprobs, width)  # one selection for the tree and the prediction
-            paths = self._trees[size].paths
-            best_first_tree(
-                root, logprobs, size, top, out=tree, paths=None if paths is None else paths[:rows]
-            )
+            paths = None if buffers.paths is None else buffers.paths[:rows]
+            best_first_tree(root, logprobs, size, top, out=tree, paths=paths)
             if predict:
                 predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
                 self.expected_buffer[:rows].copy_(predicted)
@@ -813,7 +817,7 @@ class StepRunner:
         chains = buffers.chain_paths
         if chains is not None and rows in chains:
             return chains[rows]
-        made = (root_paths(tree.ancestors, min(size, self.depth_limit) + 1), shared)
+        made = (root_paths(tree.ancestors, self.path_width(size)), shared)
         if chains is not None:
             chains[rows] = made
         return made
@@ -858,7 +862,7 @@ class StepRunner:
         if self.mode == "ddtree" and size > 0:  # chains (and AR steps) are verified in place: nothing to move
             self.cache.keep_path(path, length, prefix)
         self.target.commit_tree(self.cache, path, length)
-        width = min(size, self.depth_limit) + 1  # path entries a step of this size can commit
+        width = self.path_width(size)
         kernels = ops.step_kernels_for(path)
         if kernels is not None:  # the same in two launches
             ctx_count = None
