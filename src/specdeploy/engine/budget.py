@@ -35,10 +35,11 @@ different moments are still compared as if side by side; how it is learnt differ
   best one not yet measured in its row bucket, else, of those the start-up cost alone rates close to the best,
   the one measured longest ago, so no correction goes stale (and a run of AR steps, which predicts nothing, is
   broken by a drafting step now and then). A budget that the start-up cost alone rates far below the budget
-  chosen waits, besides, until the steps chosen since the last exploring one add up to `explore_every` times
-  its estimated step, so that exploring it takes about a twentieth of the time: on Qwen3-8B's shape with
-  random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at budget 64 23, and
-  exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those the start-up
+  chosen waits, besides, until the steps chosen since the last exploring one add up to 1 / FAR_EXPLORE_SHARE
+  times what its step is estimated to lose against the chosen budget's (its time less the time the chosen
+  budget takes to commit as many tokens), so that exploring it costs about a fiftieth of the throughput: on
+  Qwen3-8B's shape with random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at
+  budget 64 23, and exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those the start-up
   cost rates near the chosen one keep the plain cadence: bounding them too kept auto on a CPU in runs of AR
   steps where drafting paid.
 - on a GPU (`load_adds`), seconds added to every step whatever its budget (the host work of another thread, a
@@ -48,8 +49,7 @@ different moments are still compared as if side by side; how it is learnt differ
   from step to step (see `BudgetPolicy.load`). The load and the overhead are means over the recent steps of
   every budget, in the overhead's case of the row bucket. No budget's cost needs measuring apart, so the only
   exploring steps are drafting ones that break a run of AR steps, every `explore_every`-th, as above, but
-  those the start-up cost rates far below AR wait until the AR steps add up to 1 / GPU_EXPLORE_SHARE times their
-  estimated step (a fiftieth of the time).
+  those the start-up cost rates far below AR wait, as above (a fiftieth of the throughput).
 
 The rankings behind a choice are recomputed every REFRESH_EVERY observed steps, not at each one (at each one
 they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in while
@@ -80,10 +80,10 @@ COST_WINDOW = 32  # recent steps per budget whose corrections are kept (median: 
 LOAD_WINDOW = 8
 WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
 EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of the best by the start-up cost
-# on a GPU, the share of the time that drafting steps breaking a run of AR steps may take: they only keep the
-# trees' predictions fresh (costs need no budget measured apart there), and where drafting does not pay (random
-# weights) that time is lost, a twentieth of it at the CPU's cadence
-GPU_EXPLORE_SHARE = 0.02
+# the share of the time that exploring budgets the start-up cost rates far below the chosen one may take. Where
+# they do not pay, that time is lost: on a GPU (random weights, drafting steps breaking runs of AR steps) and on a
+# CPU (tiny-code at 8 requests, where AR wins: a twentieth of the time there cost auto 2.8% of its tokens)
+FAR_EXPLORE_SHARE = 0.02
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -402,12 +402,11 @@ class BudgetPolicy:
         # by drafting ones, so that the trees' predictions stay fresh
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
-            share = GPU_EXPLORE_SHARE if self.load_adds else 1 / self.explore_every
-            self._explore_credit += self._chosen_seconds(running, choice, window) * share
+            self._explore_credit += self._chosen_seconds(running, choice, window) * FAR_EXPLORE_SHARE
             if self._since_explored >= self.explore_every:
                 if self._exploring is None or self._exploring[0] != (running, window):
                     explored, near = self._explored(running, window, ranked)
-                    seconds = 0.0 if near else self.iteration_seconds(running, explored, window)
+                    seconds = 0.0 if near else self._exploring_loss(running, explored, choice, window)
                     self._exploring = ((running, window), explored, seconds)
                 _, explored, seconds = self._exploring
                 if self._explore_credit >= seconds:
@@ -415,6 +414,14 @@ class BudgetPolicy:
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
         self.last_choice[running] = choice
         return choice
+
+    def _exploring_loss(self, running: int, explored: int, chosen: int, window: int | None) -> float:
+        """Seconds an iteration at `explored` is estimated to lose against one at `chosen`: its time less the
+        time `chosen` takes to commit as many tokens (an AR step explored beside a slow drafting budget loses
+        little; a large tree explored beside AR steps at many requests loses most of its time)."""
+        seconds = self.iteration_seconds(running, explored, window)
+        chosen_seconds = self._chosen_seconds(running, chosen, window)
+        return max(0.0, seconds - chosen_seconds * self.estimate(explored) / self.estimate(chosen))
 
     def _chosen_seconds(self, running: int, budget: int, window: int | None) -> float:
         """`iteration_seconds` of a chosen budget, kept until the next refresh (choose reads it every step)."""
