@@ -19,47 +19,27 @@ EPS = 1e-6  # gated_delta_rule.l2norm's
 
 
 @triton.jit
-def _update(h, k, v, g, beta, eps):
-    """`gated_delta_rule.delta_step` with the raw key k L2-normalised, all in float32."""
+def _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
+          mask_k, offs_v, mask_v, eps):  # fmt: skip
+    """h advanced by the token at index `node`: `gated_delta_rule.delta_step` with its key L2-normalised."""
+    k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
+    v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(decay_ptr + node * sd_t + head)
+    beta = tl.load(beta_ptr + node * sd_t + head)
     h = h * tl.exp(g)
     recalled = tl.sum(h * k[:, None], axis=0)
     return h + k[:, None] * ((v - recalled) * beta)[None, :]
 
 
 @triton.jit
-def _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
-          mask_k, offs_v, mask_v, eps):  # fmt: skip
-    """h advanced by the token at index `node`."""
-    k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    g = tl.load(decay_ptr + node * sd_t + head)
-    beta = tl.load(beta_ptr + node * sd_t + head)
-    return _update(h, k, v, g, beta, eps)
-
-
-@triton.jit
 def _walk(h, path_ptr, length, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h,
-          sd_t, offs_k, mask_k, offs_v, mask_v, eps, BD: tl.constexpr):  # fmt: skip
-    """h advanced along the first `length` (<= BD) token indices at path_ptr: `_step` at each, its inputs loaded
-    for the whole path up front (one round of independent loads instead of one dependent round per token, which
-    made a deep tree node's walk wait on memory at every step); each step picks its token's row exactly."""
-    offs_d = tl.arange(0, BD)
-    on = offs_d < length
-    nodes = tl.load(path_ptr + offs_d, mask=on, other=0)
-    keys = tl.load(key_ptr + nodes[:, None] * sk_t + key_head * sk_h + offs_k[None, :],
-                   mask=on[:, None] & mask_k[None, :], other=0.0).to(tl.float32)  # fmt: skip
-    values = tl.load(value_ptr + nodes[:, None] * sv_t + head * sv_h + offs_v[None, :],
-                     mask=on[:, None] & mask_v[None, :], other=0.0).to(tl.float32)  # fmt: skip
-    decays = tl.load(decay_ptr + nodes * sd_t + head, mask=on, other=0.0)
-    betas = tl.load(beta_ptr + nodes * sd_t + head, mask=on, other=0.0)
+          sd_t, offs_k, mask_k, offs_v, mask_v, eps):  # fmt: skip
+    """h advanced along the first `length` token indices at path_ptr."""
     for d in range(0, length):
-        pick = offs_d == d  # a sum over one picked row and zeros: the row itself, bit for bit
-        k = tl.sum(tl.where(pick[:, None], keys, 0.0), axis=0)
-        v = tl.sum(tl.where(pick[:, None], values, 0.0), axis=0)
-        g = tl.sum(tl.where(pick, decays, 0.0), axis=0)
-        beta = tl.sum(tl.where(pick, betas, 0.0), axis=0)
-        h = _update(h, k, v, g, beta, eps)
+        node = tl.load(path_ptr + d)
+        h = _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t,
+                  offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     return h
 
 
@@ -93,7 +73,7 @@ def _tree_rule_kernel(
     offs_d = tl.arange(0, BD)
     length = tl.sum((tl.load(path_ptr + offs_d, mask=offs_d < depths, other=-1) >= 0).to(tl.int32), axis=0)
     h = _walk(h, path_ptr, length, k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b,
-              key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps, BD)  # fmt: skip
+              key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
     tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
 
@@ -102,7 +82,7 @@ def _tree_rule_kernel(
 def _replay_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, path_ptr, count_ptr, state_ptr, rows,
     groups, sk_l, sk_b, sk_t, sk_h, sv_l, sv_b, sv_t, sv_h, sd_l, sd_b, sd_t, sp_b, ss_l, ss_b, ss_h, eps,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     lb, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     layer, b = lb // rows, lb % rows  # every layer in one launch: rows share their path across layers
@@ -114,7 +94,7 @@ def _replay_kernel(
     length = tl.load(count_ptr + b).to(tl.int32)
     h = _walk(h, path_ptr + b * sp_b, length, k_ptr + layer * sk_l + b * sk_b, v_ptr + layer * sv_l + b * sv_b,
               g_ptr + layer * sd_l + b * sd_b, beta_ptr + layer * sd_l + b * sd_b, head // groups, head, sk_t, sk_h,
-              sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps, BD)  # fmt: skip
+              sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     tl.store(pointers, h, mask=mask)
 
 
@@ -220,7 +200,7 @@ def replay(
     _replay_kernel[(layers * batch, heads, triton.cdiv(value_dim, bv))](
         key, value, decay, beta, path, count, state, batch, heads // key_heads,
         *key.stride()[:4], *value.stride()[:4], *decay.stride()[:3], path.stride(0), *state.stride()[:3], EPS,
-        DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(path.shape[-1]),
+        DK=key_dim, DV=value_dim, BK=bk, BV=bv,
     )  # fmt: skip
 
 
