@@ -3,7 +3,8 @@
 # same tree with src/specdeploy/engine/triton_gdn.py as .ab/triton_gdn.py holds it, the Gated DeltaNet walk
 # loading one token at a time) and after, the dense Qwen3-8B shape against the committed results, then kernel profiles of tiny-hybrid AR / DDTree-64 and of
 # mla-moe-16b's AR step. Results are written as each stage ends. Run from the repository root with OUT, COMMIT
-# and BEFORE set.
+# and BEFORE set, after `mkdir -p .ab && git show $BEFORE:src/specdeploy/engine/triton_gdn.py > .ab/triton_gdn.py`
+# here (.ab/ is not committed), and with opentelemetry-api among the wheels (fastapi 0.165 imports it).
 set -u
 R=$OUT; mkdir -p $R
 log() { echo "$1 $(date +%T)" >> $R/log.txt; }
