@@ -80,9 +80,9 @@ COST_WINDOW = 32  # recent steps per budget whose corrections are kept (median: 
 LOAD_WINDOW = 8
 WINDOW_SPACING = 4  # start-up costs are measured at attention windows this factor apart, and at the largest
 EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of the best by the start-up cost
-# the share of the time that exploring budgets the start-up cost rates far below the chosen one may take. Where
-# they do not pay, that time is lost: on a GPU (random weights, drafting steps breaking runs of AR steps) and on a
-# CPU (tiny-code at 8 requests, where AR wins: a twentieth of the time there cost auto 2.8% of its tokens)
+# the share of the chosen steps' time that exploring budgets the start-up cost rates far below the chosen one may
+# lose (`_exploring_loss`): where they do not pay, that time is lost, on a GPU (random weights, drafting steps
+# breaking runs of AR steps) as on a CPU (tiny-code at 8 requests, where AR wins)
 FAR_EXPLORE_SHARE = 0.02
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little

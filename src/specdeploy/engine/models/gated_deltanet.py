@@ -199,28 +199,30 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNet):
         self.in_proj_ba = nn.Linear(self.hidden, 2 * self.v_heads, bias=False)
         self.register_state_dict_post_hook(Qwen3NextGatedDeltaNet._checkpoint_order)
 
-    def _orders(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """For each projection, the checkpoint row each of this module's rows holds."""
+    def _orders(self) -> dict[str, torch.Tensor]:
+        """For each projection, the checkpoint row each of this module's rows holds (made on the CPU: the module
+        itself may live on the meta device)."""
         group = self.v_heads // self.k_heads
         widths = [self.k_dim, self.k_dim, group * self.v_dim, group * self.v_dim]
-        with torch.device(device):  # made when needed: the module itself may live on the meta device
-            return {
-                "in_proj_qkvz.weight": part_by_part(self.k_heads, widths),
-                "in_proj_ba.weight": part_by_part(self.k_heads, [group, group]),
-            }
+        return {
+            "in_proj_qkvz.weight": part_by_part(self.k_heads, widths),
+            "in_proj_ba.weight": part_by_part(self.k_heads, [group, group]),
+        }
+
+    def _reorder(self, state_dict: dict, prefix: str, to_checkpoint: bool) -> None:
+        """The projections' rows of `state_dict` in this module's order, or back in the checkpoint's."""
+        for name, order in self._orders().items():
+            weight = state_dict.get(prefix + name)
+            if weight is not None:
+                index = torch.argsort(order) if to_checkpoint else order
+                state_dict[prefix + name] = weight[index.to(weight.device)]
 
     def merge_parts(self, state_dict: dict, prefix: str) -> None:
         """A checkpoint-named `state_dict`'s projection rows in this module's order (`load_checkpoint_state`)."""
-        for name, order in self._orders(torch.device("cpu")).items():
-            weight = state_dict.get(prefix + name)
-            if weight is not None:
-                state_dict[prefix + name] = weight[order.to(weight.device)]
+        self._reorder(state_dict, prefix, to_checkpoint=False)
 
     def _checkpoint_order(self, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-        for name, order in self._orders(torch.device("cpu")).items():
-            weight = state_dict.get(prefix + name)
-            if weight is not None:
-                state_dict[prefix + name] = weight[torch.argsort(order).to(weight.device)]
+        self._reorder(state_dict, prefix, to_checkpoint=True)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
