@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def parse_variant(name: str) -> dict:
 
 
 def worker(args: argparse.Namespace) -> dict:
-    """One variant's run in this process: tau and outputs per mode."""
+    """One variant's run in this process: the prompts' files, and tau and outputs per mode."""
     import torch
 
     variant = parse_variant(args.worker)
@@ -56,7 +57,7 @@ def worker(args: argparse.Namespace) -> dict:
     pair = get_pair(args.pair)
     tokenizer = load_tokenizer(pair.target_dir)
     trained = {f["sha256"] for f in pair.corpus()["files"] if f["split"] == "train"}
-    texts, _ = held_out_prompts(tokenizer.encode, args.prompts, trained)
+    texts, sources = held_out_prompts(tokenizer.encode, args.prompts, trained)
     prompts = [tokenizer.encode(text) for text in texts]
     dtype = torch.bfloat16 if variant["dtype"] == "bf16" else torch.float32
     target = load_target(pair.target_dir, variant["device"], dtype)
@@ -76,7 +77,7 @@ def worker(args: argparse.Namespace) -> dict:
             steps += result.num_steps
             outputs.append(result.token_ids)
         rows[key] = {"tau": accepted / max(steps, 1), "outputs": outputs}
-    return rows
+    return {"prompt_files": sources, "modes": rows}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -105,7 +106,8 @@ def main() -> None:
     names = [v for v in args.variants.split(",") if v]
     for name in names:
         parse_variant(name)  # a typo fails before any run
-    report: dict = {"pair": args.pair, "prompts": args.prompts, "new_tokens": args.new_tokens, "variants": {}}
+    report: dict = {"pair": args.pair, "prompts": args.prompts, "new_tokens": args.new_tokens,
+                    "python": platform.python_version(), "variants": {}}  # fmt: skip
     reference = None
     for name in names:
         env = dict(os.environ)
@@ -124,7 +126,10 @@ def main() -> None:
             report["variants"][name] = {"error": done.stderr[-3000:]}
             print(f"{name}: failed\n{done.stderr[-3000:]}", flush=True)
             continue
-        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        rows = measured["modes"]
+        # the prompts come from this Python's stdlib: another machine's taus are of other files
+        report["prompt_files"] = measured["prompt_files"]
         reference = reference or rows
         summary = {"seconds": round(time.perf_counter() - started, 1)}
         for key, row in rows.items():

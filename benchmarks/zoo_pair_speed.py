@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def measure_pair(name: str, args: argparse.Namespace) -> dict:
     pair = get_pair(name)
     tokenizer = load_tokenizer(pair.target_dir)
     trained = {f["sha256"] for f in pair.corpus()["files"] if f["split"] == "train"}
-    texts, _ = held_out_prompts(tokenizer.encode, args.prompts, trained)
+    texts, sources = held_out_prompts(tokenizer.encode, args.prompts, trained)
     prompts = [tokenizer.encode(text) for text in texts]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     target = load_target(pair.target_dir, args.device, dtype)
@@ -91,7 +92,13 @@ def measure_pair(name: str, args: argparse.Namespace) -> dict:
         print(f"{name} {key:<10} tau {rows[key]['tau']:5.2f}  {rate:8.1f} tok/s  "
               f"{rows[key]['speedup_vs_ar']:5.2f}x  same as ar {rows[key]['same_output_as_ar']}/{len(prompts)}",
               flush=True)  # fmt: skip
-    return {"prompts": len(prompts), "rows": rows}
+    # the prompts come from this Python's stdlib: taus compare across machines only on the same files
+    return {
+        "prompts": len(prompts),
+        "prompt_files": sources,
+        "python": platform.python_version(),
+        "rows": rows,
+    }
 
 
 def profile_request(decoder: Decoder, prompt: list[int], params: SamplingParams, path: Path) -> None:
