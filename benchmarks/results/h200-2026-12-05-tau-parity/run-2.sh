@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Device call: where the Qwen3.6-27B shape's DDTree-64 step goes (kernels, eager; its dense projections by rows),
+# Device call: the Gated DeltaNet tree rule's launch shapes; where the Qwen3.6-27B shape's DDTree-64 step goes (kernels, eager; its dense projections by rows),
 # tiny-mla's tau on CUDA bf16
 # against CPU float32, and the shape's step ratio measured once more. Run from the repository root with OUT set.
 set -u
 mkdir -p "$OUT"
+timeout 120 python3 benchmarks/gdn_tree_rule_tiles.py --out "$OUT/gdn_tree_rule_tiles.json" 2>&1 | tee "$OUT/gdn_tree_rule_tiles.log"
 timeout 200 python3 benchmarks/kernel_profile.py --shape qwen3.6-27b --modes ar,ddtree-64 --steps 6 \
   --out "$OUT/profile_qwen3.6-27b.json" > "$OUT/profile_qwen3.6-27b.txt" 2>&1
 grep -A16 "launches per step" "$OUT/profile_qwen3.6-27b.txt"

@@ -140,10 +140,11 @@ def tree_rule(
     beta: torch.Tensor,
     paths: torch.Tensor,
     initial: torch.Tensor,
+    tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`gated_delta_rule.tree_rule` from the layer's tensors: query/key [B, T, Hk, Dk] and value [B, T, H, Dv]
     (strided views are fine), decay/beta [B, T, H] float32, paths [B, T, D], initial [B, H, Dk, Dv] float32.
-    Returns outputs [B, T, H, Dv] float32."""
+    Returns outputs [B, T, H, Dv] float32. `tiles`: (value columns per program, warps), for tile sweeps."""
     batch, tokens, key_heads, key_dim = key.shape
     heads, value_dim = value.shape[2], value.shape[3]
     _check_state(initial)
@@ -156,6 +157,7 @@ def tree_rule(
     paths = paths.contiguous()
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
+    bv, warps = tiles or (bv, 4)
     depths = paths.shape[-1]
     grid = (batch * tokens, heads, triton.cdiv(value_dim, bv))
     _tree_rule_kernel[grid](
@@ -166,7 +168,7 @@ def tree_rule(
         paths.stride(0), paths.stride(1), initial.stride(0), initial.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         key_dim**-0.5, EPS,
-        DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths),
+        DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -1,0 +1,96 @@
+"""The Gated DeltaNet tree rule's launch shape on a GPU: value columns per program and warps, per model shape.
+
+    python benchmarks/gdn_tree_rule_tiles.py --out tiles.json
+
+For a best-first tree of each budget (random peaked draft marginals, as a trained drafter's), times
+`triton_gdn.tree_rule` replayed from a CUDA graph for each (value columns, warps) against the default, with the
+outputs' largest difference from the default's (float32 sums in another order: about 1e-6). Shapes: the
+Qwen3.6-27B layer (16 key heads, 48 value heads, dims 128) and tiny-hybrid's (4 and 4 heads, dims 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specdeploy.engine import triton_gdn  # noqa: E402
+from specdeploy.engine.tree import best_first_tree, root_paths  # noqa: E402
+
+SHAPES = {"qwen3.6-27b": (16, 48, 128, 128), "tiny-hybrid": (4, 4, 64, 64)}  # key heads, value heads, dims
+TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (64, 4), (64, 8)]
+BLOCK = 16  # the drafter's block: depths 1..15 below the root
+
+
+def graph_ms(fn, repeats: int = 20) -> float:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (5 * repeats)
+
+
+def tree_paths(budget: int, generator: torch.Generator) -> torch.Tensor:
+    """[1, budget + 1, BLOCK] root paths of a best-first tree over peaked random marginals."""
+    logprobs = torch.log_softmax(4 * torch.randn(1, BLOCK - 1, 512, generator=generator), dim=-1).cuda()
+    tree = best_first_tree(torch.zeros(1, dtype=torch.long, device="cuda"), logprobs, budget)
+    return root_paths(tree.ancestors, BLOCK).contiguous()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--budgets", default="16,64")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    result: dict = {"device": torch.cuda.get_device_name(), "shapes": {}}
+    for name, (key_heads, heads, key_dim, value_dim) in SHAPES.items():
+        result["shapes"][name] = {}
+        for budget in (int(b) for b in args.budgets.split(",")):
+            paths = tree_paths(budget, generator)
+            tokens = paths.shape[1]
+            walked = int((paths >= 0).sum())  # state updates the programs make: the sum of path lengths
+            q = torch.randn(1, tokens, key_heads, key_dim, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, tokens, key_heads, key_dim, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(1, tokens, heads, value_dim, device="cuda", dtype=torch.bfloat16)
+            decay = -torch.rand(1, tokens, heads, device="cuda")
+            beta = torch.rand(1, tokens, heads, device="cuda")
+            state = 0.1 * torch.randn(1, heads, key_dim, value_dim, device="cuda")
+            default = triton_gdn.tree_rule(q, k, v, decay, beta, paths, state)
+            rows = {}
+            for bv, warps in TILES:
+                if bv > value_dim:
+                    continue
+                tiles = (bv, warps)
+                inputs = (q, k, v, decay, beta, paths, state, tiles)
+                out = triton_gdn.tree_rule(*inputs)
+                ms = graph_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
+                diff = (out - default).abs().max().item()
+                rows[f"{bv}x{warps}"] = {"us": ms * 1e3, "max_abs_diff": diff}
+                print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): value cols {bv:2d}, "
+                      f"warps {warps}: {ms * 1e3:7.1f} us  diff {diff:.1e}", flush=True)  # fmt: skip
+            result["shapes"][name][budget] = {"tokens": tokens, "state_updates": walked, "tiles": rows}
+            args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
