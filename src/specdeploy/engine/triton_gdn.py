@@ -16,6 +16,9 @@ import triton
 import triton.language as tl
 
 EPS = 1e-6  # gated_delta_rule.l2norm's
+# The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and 4 warps. A
+# module setting so that a benchmark can run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
+TREE_TILES: tuple[int, int] | None = None
 
 
 @triton.jit
@@ -157,7 +160,7 @@ def tree_rule(
     paths = paths.contiguous()
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
-    bv, warps = tiles or (bv, 4)
+    bv, warps = tiles or TREE_TILES or (bv, 4)
     depths = paths.shape[-1]
     grid = (batch * tokens, heads, triton.cdiv(value_dim, bv))
     _tree_rule_kernel[grid](
