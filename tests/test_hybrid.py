@@ -32,11 +32,12 @@ def target(checkpoints):
     return load_target(checkpoints["qwen3_next"])
 
 
-def random_tree(size: int, seed: int) -> DraftTree:
+def random_tree(size: int, seed: int, chain: float = 0.0) -> DraftTree:
+    """Parents drawn uniformly among earlier nodes, or with probability `chain` the node just before (deep trees)."""
     rng = random.Random(seed)
     tokens, parents, depths = [], [], []
     for node in range(1, size + 1):
-        parent = rng.randrange(0, node)
+        parent = node - 1 if rng.random() < chain else rng.randrange(0, node)
         tokens.append(rng.randrange(VOCAB))
         parents.append(parent)
         depths.append(depths[parent - 1] + 1 if parent else 1)
@@ -230,10 +231,13 @@ def test_chunked_rule_equals_the_token_by_token_rule():
     assert torch.allclose(final, final_chained, atol=1e-4)
 
 
-def test_tree_rule_runs_every_token_along_its_own_path_and_replay_reaches_the_same_state():
+@pytest.mark.parametrize("rows, tokens, chain", [(3, 9, 0.0), (2, 65, 0.0), (2, 65, 0.85)])
+def test_tree_rule_runs_every_token_along_its_own_path_and_replay_reaches_the_same_state(
+    rows: int, tokens: int, chain: float
+) -> None:
     generator = torch.Generator().manual_seed(1)
-    rows, tokens, key_heads, heads, key_dim, value_dim = 3, 9, 1, 2, 8, 4
-    trees = [random_tree(tokens - 1, seed) for seed in range(rows)]
+    key_heads, heads, key_dim, value_dim = 1, 2, 8, 4
+    trees = [random_tree(tokens - 1, seed, chain) for seed in range(rows)]
     ancestors = torch.stack([tree.ancestor_mask() for tree in trees])
     paths = root_paths(ancestors, tokens)
     for row, tree in enumerate(trees):  # against the tree's own parent links

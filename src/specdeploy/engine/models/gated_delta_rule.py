@@ -7,9 +7,9 @@ an L2-normalised key k_t, a value v_t and an L2-normalised query q_t scaled by D
 
 Every tensor here is token-major, as the projections give them: [batch, tokens, heads, dim]. A chain (a
 prefill) runs token by token or, when long, chunked (the same recurrence rewritten per chunk as a few matrix
-products). A draft tree runs each token from its own parent's state (`tree_rule`), and the accepted path is
-later replayed from the committed state (`replay`) with the same arithmetic, so the committed state equals
-the state the verification gave that token. These torch versions are the reference; on CUDA the kernels of
+products). A draft tree runs each token from its own parent's state (`tree_rule`: the chunked form over the
+tree), and the accepted path is later replayed from the committed state (`replay`) token by token, so the
+committed state is the recurrence's own. These torch versions are the reference; on CUDA the kernels of
 `triton_gdn` replace `tree_rule` and `replay`.
 """
 
@@ -79,27 +79,32 @@ def tree_rule(inputs: RuleInputs, paths: torch.Tensor, initial: torch.Tensor) ->
     """Every token run from its parent's state: outputs [B, T, H, Dv].
 
     `paths` [B, T, D]: each token's path from its row's first token (the root, a child of the committed
-    state `initial` [B, H, Dk, Dv]) to itself, -1 padded. Tokens of one depth are independent, so each depth
-    is one batched update over every row; finding them reads the depths on the host (this is the CPU
-    reference: on CUDA `triton_gdn.tree_rule` walks the paths on the device).
+    state `initial` [B, H, Dk, Dv]) to itself, -1 padded; a token's ancestors sit at lower indices (trees list
+    parents first). `chunked_rule`'s UT form with the tree in place of the chain: with G_t the log decay summed
+    along t's path, a token's effective write u_t = beta_t (v_t - exp(G_t) h0^T k_t - sum over its ancestors s
+    of exp(G_t - G_s) (k_s . k_t) u_s) is a unit lower-triangular system over the tree, and o_t = exp(G_t) h0^T q_t
+    + sum over s on its path of exp(G_t - G_s) (q_t . k_s) u_s. A few matrix products instead of one state
+    per node: the same values up to float32 rounding (this is the CPU reference: on CUDA `triton_gdn.tree_rule`
+    walks each path with the recurrence itself).
     """
-    batch, tokens, heads, key_dim = inputs.key.shape
-    depth = (paths >= 0).sum(dim=-1) - 1
-    parent = paths.gather(2, (depth - 1).clamp(min=0)[..., None])[..., 0]
-    states = inputs.value.new_empty(batch, tokens, heads, key_dim, inputs.value.shape[-1])
-    for level in range(paths.shape[-1]):
-        rows, nodes = (depth == level).nonzero(as_tuple=True)
-        if not len(rows):
-            break  # depths are contiguous: nothing deeper either
-        h = initial.float()[rows] if level == 0 else states[rows, parent[rows, nodes]]
-        states[rows, nodes] = delta_step(
-            h,
-            inputs.key[rows, nodes],
-            inputs.value[rows, nodes],
-            inputs.decay[rows, nodes],
-            inputs.beta[rows, nodes],
-        )
-    return (states * inputs.query[..., None]).sum(dim=-2)
+    tokens = paths.shape[1]
+    on_path = torch.zeros(*paths.shape[:2], tokens + 1, device=paths.device)
+    on_path.scatter_(2, torch.where(paths >= 0, paths, tokens), 1.0)  # padding lands in the extra column
+    on_path = on_path[..., :tokens]  # [B, t, s]: 1 where s is on t's path (t itself included)
+    query, key, value = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))  # [B, H, T, D]
+    decay, beta = inputs.decay.transpose(1, 2), inputs.beta.transpose(1, 2)  # [B, H, T]
+    along = torch.einsum("bts,bhs->bht", on_path, decay)  # G_t
+    # exp(G_t - G_s) for s on t's path, 0 elsewhere (masked before exp: off-path differences may be positive)
+    between = (
+        (along[..., :, None] - along[..., None, :]).masked_fill(on_path[:, None] == 0, float("-inf")).exp()
+    )
+    system = ((key * beta[..., None]) @ key.transpose(-1, -2)) * between  # its diagonal is taken as 1
+    h0 = initial.float()
+    from_start = along.exp()[..., None]
+    writes = beta[..., None] * (value - from_start * (key @ h0))
+    effective = torch.linalg.solve_triangular(system, writes, upper=False, unitriangular=True)
+    out = from_start * (query @ h0) + ((query @ key.transpose(-1, -2)) * between) @ effective
+    return out.transpose(1, 2)
 
 
 def replay(
