@@ -1,6 +1,7 @@
-"""tiny-code tokens/s per mode on the CPU, this checkout against another one, measured in one run.
+"""A zoo pair's tokens/s per mode on the CPU, this checkout against another one, measured in one run.
 
     python benchmarks/cpu_before_after.py --before /path/to/older/checkout --rounds 3 --out result.json
+    python benchmarks/cpu_before_after.py --before OLD --pair tiny-hybrid --budgets 16,64 --out result.json
 
 Each round runs both engines, in turn, in fresh processes with one torch thread (the engine's default), on
 the demo's prompts (greedy, 128 new tokens), so a load change on a shared machine hits both alike. Both
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = (("ar", None), ("dflash", None), ("ddtree", 16), ("ddtree", 32))
 
 # Runs inside the measured checkout: only APIs present in both engines (Decoder, loaders, zoo prompts).
 MEASURE = """
@@ -54,10 +54,10 @@ print(json.dumps(out))
 """
 
 
-def measure(src: Path, pair: tuple[Path, Path]) -> dict:
+def measure(src: Path, pair: tuple[Path, Path], modes: list) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(pair[0]), str(pair[1]), json.dumps(MODES)],
+        [sys.executable, "-c", MEASURE, str(pair[0]), str(pair[1]), json.dumps(modes)],
         env=env,
         capture_output=True,
         text=True,
@@ -71,17 +71,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the older specdeploy")
+    parser.add_argument("--pair", default="tiny-code", help="a shipped zoo pair")
+    parser.add_argument("--budgets", default="16,32", help="DDTree budgets, besides AR and DFlash")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from specdeploy.zoo.registry import resolve_pair
 
-    pair = resolve_pair("tiny-code")
+    pair = resolve_pair(args.pair)
+    modes = [("ar", None), ("dflash", None), *(("ddtree", int(b)) for b in args.budgets.split(","))]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
-        runs["before"].append(measure(args.before / "src", pair))
-        runs["after"].append(measure(ROOT / "src", pair))
+        runs["before"].append(measure(args.before / "src", pair, modes))
+        runs["after"].append(measure(ROOT / "src", pair, modes))
     summary = {}
     for key in runs["after"][0]:
         before = sorted(r[key]["tokens_per_s"] for r in runs["before"])[args.rounds // 2]
