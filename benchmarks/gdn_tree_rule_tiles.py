@@ -3,8 +3,9 @@
     python benchmarks/gdn_tree_rule_tiles.py --out tiles.json
 
 For a best-first tree of each budget (random peaked draft marginals, as a trained drafter's), times
-`triton_gdn.tree_rule` replayed from a CUDA graph for each (value columns, warps) against the default, with the
-outputs' largest difference from the default's (float32 sums in another order: about 1e-6). Shapes: the
+`triton_gdn.tree_rule` replayed from a CUDA graph for each (value columns, warps) against the default, and the
+torch UT form over the tree (`ut`), with the outputs' largest difference from the default's (float32 sums in
+another order: about 1e-6 for the tiles, more for the UT form's triangular solve). Shapes: the
 Qwen3.6-27B layer (16 key heads, 48 value heads, dims 128) and tiny-hybrid's (4 and 4 heads, dims 64).
 """
 
@@ -21,11 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine import triton_gdn  # noqa: E402
+from specdeploy.engine.models import gated_delta_rule  # noqa: E402
 from specdeploy.engine.tree import best_first_tree, root_paths  # noqa: E402
 
 SHAPES = {"qwen3.6-27b": (16, 48, 128, 128), "tiny-hybrid": (4, 4, 64, 64)}  # key heads, value heads, dims
 TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (64, 4), (64, 8)]
 BLOCK = 16  # the drafter's block: depths 1..15 below the root
+
+
+def ut_tree_rule(query, key, value, decay, beta, paths, initial, tiles=None) -> torch.Tensor:
+    """`triton_gdn.tree_rule`'s signature over the torch UT form (`gated_delta_rule.tree_rule`, the CPU path)."""
+    inputs = gated_delta_rule.rule_inputs(query, key, value, decay, beta)
+    return gated_delta_rule.tree_rule(inputs, paths, initial)
 
 
 def graph_ms(fn, repeats: int = 20) -> float:
@@ -88,6 +96,17 @@ def main() -> None:
                 rows[f"{bv}x{warps}"] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): value cols {bv:2d}, "
                       f"warps {warps}: {ms * 1e3:7.1f} us  diff {diff:.1e}", flush=True)  # fmt: skip
+            inputs = (q, k, v, decay, beta, paths, state)
+            try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
+                out = ut_tree_rule(*inputs)
+                ms = graph_ms(lambda a=inputs: ut_tree_rule(*a))
+                rows["ut"] = {"us": ms * 1e3, "max_abs_diff": (out - default).abs().max().item()}
+                print(
+                    f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {rows['ut']['max_abs_diff']:.1e}"
+                )
+            except RuntimeError as error:  # e.g. an op that cannot be captured in a graph
+                rows["ut"] = {"error": str(error)[:300]}
+                print(f"{name} budget {budget}: torch UT form failed: {error}", flush=True)
             result["shapes"][name][budget] = {"tokens": tokens, "state_updates": walked, "tiles": rows}
             args.out.write_text(json.dumps(result, indent=1))
 
