@@ -122,7 +122,10 @@ def replay(
     inputs = rule_inputs(key, key, value, decay, beta)  # the query only matters for outputs
     rows = torch.arange(state.shape[0], device=state.device)
     h = state
-    for j in range(path.shape[1]):
+    steps = path.shape[1]
+    if not (state.is_cuda and torch.cuda.is_current_stream_capturing()):  # stop after the longest kept path
+        steps = min(steps, int(count.max()))
+    for j in range(steps):
         node = path[:, j]
         stepped = delta_step(
             h,
