@@ -20,6 +20,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cuda_timing import graph_replay_ms  # noqa: E402
 
 from specdeploy.engine import triton_gdn  # noqa: E402
 from specdeploy.engine.models import gated_delta_rule  # noqa: E402
@@ -34,25 +37,6 @@ def ut_tree_rule(query, key, value, decay, beta, paths, initial, tiles=None) -> 
     """`triton_gdn.tree_rule`'s signature over the torch UT form (`gated_delta_rule.tree_rule`, the CPU path)."""
     inputs = gated_delta_rule.rule_inputs(query, key, value, decay, beta)
     return gated_delta_rule.tree_rule(inputs, paths, initial)
-
-
-def graph_ms(fn, repeats: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (5 * repeats)
 
 
 def tree_paths(budget: int, generator: torch.Generator) -> torch.Tensor:
@@ -91,7 +75,7 @@ def main() -> None:
                 tiles = (bv, warps)
                 inputs = (q, k, v, decay, beta, paths, state, tiles)
                 out = triton_gdn.tree_rule(*inputs)
-                ms = graph_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
+                ms = graph_replay_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
                 diff = (out - default).abs().max().item()
                 rows[f"{bv}x{warps}"] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): value cols {bv:2d}, "
@@ -99,7 +83,7 @@ def main() -> None:
             inputs = (q, k, v, decay, beta, paths, state)
             try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
                 out = ut_tree_rule(*inputs)
-                ms = graph_ms(lambda a=inputs: ut_tree_rule(*a))
+                ms = graph_replay_ms(lambda a=inputs: ut_tree_rule(*a))
                 rows["ut"] = {"us": ms * 1e3, "max_abs_diff": (out - default).abs().max().item()}
                 print(
                     f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {rows['ut']['max_abs_diff']:.1e}"

@@ -4,7 +4,7 @@
 
 A verify of a DDTree budget b multiplies b + 1 rows by every weight: this shows whether b + 1 rows cost what their
 bytes and FLOPs say, or whether the row count falls between cuBLAS's tiles (65 rows against 64, say). Each weight
-is timed alone, replayed from a CUDA graph, against the copy bandwidth measured in the same run.
+is timed alone, replayed from a CUDA graph (`cuda_timing`), against the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -18,29 +18,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cuda_timing import graph_replay_ms  # noqa: E402
 
 from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
-
-
-def graph_ms(fn, repeats: int = 20) -> float:
-    """ms per call of `fn` replayed from a CUDA graph of `repeats` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # cuBLAS picks and warms its kernel outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (5 * repeats)
 
 
 def main() -> None:
@@ -62,7 +45,7 @@ def main() -> None:
         rows = {}
         for count in (int(r) for r in args.rows.split(",")):
             x = torch.randn(count, in_features, device="cuda", dtype=torch.bfloat16)
-            ms = graph_ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
+            ms = graph_replay_ms(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
             rows[count] = {"ms": ms, "x_roofline": ms / roofline_ms}
             print(f"{name} [{out_features}x{in_features}] rows {count:4d}: {ms * 1e3:8.1f} us "
                   f"({ms / roofline_ms:.2f}x its bytes at the copy bandwidth)", flush=True)  # fmt: skip
