@@ -33,7 +33,7 @@ TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (
 BLOCK = 16  # the drafter's block: depths 1..15 below the root
 
 
-def ut_tree_rule(query, key, value, decay, beta, paths, initial, tiles=None) -> torch.Tensor:
+def ut_tree_rule(query, key, value, decay, beta, paths, initial) -> torch.Tensor:
     """`triton_gdn.tree_rule`'s signature over the torch UT form (`gated_delta_rule.tree_rule`, the CPU path)."""
     inputs = gated_delta_rule.rule_inputs(query, key, value, decay, beta)
     return gated_delta_rule.tree_rule(inputs, paths, initial)
@@ -72,10 +72,11 @@ def main() -> None:
             for bv, warps in TILES:
                 if bv > value_dim:
                     continue
-                tiles = (bv, warps)
-                inputs = (q, k, v, decay, beta, paths, state, tiles)
+                triton_gdn.TREE_TILES = (bv, warps)  # read at launch: the graph captures these tiles
+                inputs = (q, k, v, decay, beta, paths, state)
                 out = triton_gdn.tree_rule(*inputs)
                 ms = graph_replay_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
+                triton_gdn.TREE_TILES = None
                 diff = (out - default).abs().max().item()
                 rows[f"{bv}x{warps}"] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): value cols {bv:2d}, "

@@ -28,16 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+FLAGS = ("eager", "torch", "no-gdn-kernels")
+
+
 def parse_variant(name: str) -> dict:
-    device, dtype, *flags = name.split("-", 2)
-    rest = flags[0] if flags else ""
-    known = {"eager", "torch", "no-gdn-kernels"}
-    chosen = {flag for flag in known if flag in rest}
-    if rest.replace("no-gdn-kernels", "").replace("eager", "").replace("torch", "").strip("-") or (
-        device not in ("cpu", "cuda") or dtype not in ("fp32", "bf16")
-    ):
-        raise SystemExit(f"unknown variant {name!r}: DEVICE-DTYPE[-eager][-torch][-no-gdn-kernels]")
-    return {"device": device, "dtype": dtype, **{flag: flag in chosen for flag in known}}
+    """DEVICE-DTYPE[-FLAG...] as a dict: device, dtype, and each of FLAGS true or false."""
+    device, _, rest = name.partition("-")
+    dtype, _, rest = rest.partition("-")
+    chosen = {flag for flag in FLAGS if f"-{flag}-" in f"-{rest}-"}
+    spelled = "-".join(flag for flag in FLAGS if flag in chosen)
+    if device not in ("cpu", "cuda") or dtype not in ("fp32", "bf16") or spelled != rest:
+        raise SystemExit(
+            f"unknown variant {name!r}: DEVICE-DTYPE[-eager][-torch][-no-gdn-kernels], in that order"
+        )
+    return {"device": device, "dtype": dtype, **{flag: flag in chosen for flag in FLAGS}}
 
 
 def worker(args: argparse.Namespace) -> dict:

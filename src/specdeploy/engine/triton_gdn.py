@@ -17,7 +17,7 @@ import triton.language as tl
 
 EPS = 1e-6  # gated_delta_rule.l2norm's
 # The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and 4 warps. A
-# module setting so that a benchmark can run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
+# module setting so that a benchmark can time or run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
 TREE_TILES: tuple[int, int] | None = None
 
 
@@ -143,11 +143,10 @@ def tree_rule(
     beta: torch.Tensor,
     paths: torch.Tensor,
     initial: torch.Tensor,
-    tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`gated_delta_rule.tree_rule` from the layer's tensors: query/key [B, T, Hk, Dk] and value [B, T, H, Dv]
     (strided views are fine), decay/beta [B, T, H] float32, paths [B, T, D], initial [B, H, Dk, Dv] float32.
-    Returns outputs [B, T, H, Dv] float32. `tiles`: (value columns per program, warps), for tile sweeps."""
+    Returns outputs [B, T, H, Dv] float32; launched at `TREE_TILES` when set."""
     batch, tokens, key_heads, key_dim = key.shape
     heads, value_dim = value.shape[2], value.shape[3]
     _check_state(initial)
@@ -160,7 +159,7 @@ def tree_rule(
     paths = paths.contiguous()
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
-    bv, warps = tiles or TREE_TILES or (bv, 4)
+    bv, warps = TREE_TILES or (bv, 4)
     depths = paths.shape[-1]
     grid = (batch * tokens, heads, triton.cdiv(value_dim, bv))
     _tree_rule_kernel[grid](
