@@ -1,12 +1,13 @@
-"""The Gated DeltaNet tree rule's launch shape on a GPU: value columns per program and warps, per model shape.
+"""The Gated DeltaNet tree rule's launch shape on a GPU: the walk's and the UT form's, per model shape.
 
     python benchmarks/gdn_tree_rule_tiles.py --out tiles.json
 
 For a best-first tree of each budget (random peaked draft marginals, as a trained drafter's), times
-`triton_gdn.tree_rule` replayed from a CUDA graph for each (value columns, warps) against the default, and the
-torch UT form over the tree (`ut`), with the outputs' largest difference from the default's (float32 sums in
-another order: about 1e-6 for the tiles, more for the UT form's triangular solve). Shapes: the
-Qwen3.6-27B layer (16 key heads, 48 value heads, dims 128) and tiny-hybrid's (4 and 4 heads, dims 64).
+`triton_gdn.tree_rule` replayed from a CUDA graph: the walk for each (value columns, warps) (`TREE_TILES`), the
+UT form for each (`TREE_UT`, rows `ut-CxW`), and the torch UT form over the tree (`torch-ut`, the CPU path), each
+with its outputs' largest difference from the default walk's (float32 sums in another order: about 1e-6 for
+the walk's tiles, more for the UT forms' products). Shapes: the Qwen3.6-27B layer (16 key heads, 48 value heads,
+dims 128) and tiny-hybrid's (4 and 4 heads, dims 64).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from specdeploy.engine.tree import best_first_tree, root_paths  # noqa: E402
 
 SHAPES = {"qwen3.6-27b": (16, 48, 128, 128), "tiny-hybrid": (4, 4, 64, 64)}  # key heads, value heads, dims
 TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (64, 4), (64, 8)]
+UT_TILES = [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]
 BLOCK = 16  # the drafter's block: depths 1..15 below the root
 
 
@@ -50,7 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--budgets", default="16,64")
+    parser.add_argument("--budgets", default="16,64,128")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
@@ -82,15 +84,27 @@ def main() -> None:
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): value cols {bv:2d}, "
                       f"warps {warps}: {ms * 1e3:7.1f} us  diff {diff:.1e}", flush=True)  # fmt: skip
             inputs = (q, k, v, decay, beta, paths, state)
+            for bv, warps in UT_TILES:
+                if bv > value_dim:
+                    continue
+                triton_gdn.TREE_UT = (bv, warps)  # read at launch, as TREE_TILES
+                out = triton_gdn.tree_rule(*inputs)
+                ms = graph_replay_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
+                triton_gdn.TREE_UT = None
+                diff = (out - default).abs().max().item()
+                rows[f"ut-{bv}x{warps}"] = {"us": ms * 1e3, "max_abs_diff": diff}
+                print(f"{name} budget {budget}: UT form, value cols {bv:3d}, warps {warps}: {ms * 1e3:7.1f} us  "
+                      f"diff {diff:.1e}", flush=True)  # fmt: skip
             try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
                 out = ut_tree_rule(*inputs)
                 ms = graph_replay_ms(lambda a=inputs: ut_tree_rule(*a))
-                rows["ut"] = {"us": ms * 1e3, "max_abs_diff": (out - default).abs().max().item()}
+                diff = (out - default).abs().max().item()
+                rows["torch-ut"] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(
-                    f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {rows['ut']['max_abs_diff']:.1e}"
+                    f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {diff:.1e}", flush=True
                 )
             except RuntimeError as error:  # e.g. an op that cannot be captured in a graph
-                rows["ut"] = {"error": str(error)[:300]}
+                rows["torch-ut"] = {"error": str(error)[:300]}
                 print(f"{name} budget {budget}: torch UT form failed: {error}", flush=True)
             result["shapes"][name][budget] = {"tokens": tokens, "state_updates": walked, "tiles": rows}
             args.out.write_text(json.dumps(result, indent=1))

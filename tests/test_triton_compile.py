@@ -69,7 +69,10 @@ RECORD = textwrap.dedent(
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
-    for family, (target_dir, draft_dir) in pairs.items():
+    from specdeploy.engine import triton_gdn
+    # the Gated DeltaNet pair once more with its trees in the UT form
+    for family, (target_dir, draft_dir) in [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"])]:
+        triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
         target = load_target(target_dir, dtype=torch.bfloat16)
         drafter = load_drafter(draft_dir, dtype=torch.bfloat16)
         # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
@@ -125,7 +128,8 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     names = {launch["name"] for launch in launches}
     # each family's own kernels were launched (else the run did not take the CUDA path)
     expected = {"_walk_kernel", "_move_kernel", "_commit_rows_kernel", "_keep_features_kernel", "_rms_norm_kernel",
-                "_best_first_tree_kernel", "_tree_rule_kernel", "_gate_up_kernel", "_mla_query_entry_kernel"}  # fmt: skip
+                "_best_first_tree_kernel", "_tree_rule_kernel", "_tree_ut_kernel", "_gate_up_kernel",
+                "_mla_query_entry_kernel"}  # fmt: skip
     assert expected <= names, expected - names
     compiled = subprocess.run(
         [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,

@@ -188,6 +188,25 @@ CHECKS = textwrap.dedent(
     close(got, want)
     assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
 
+    # The UT form (TREE_UT) against the walk, which runs the recurrence itself: wide, chain and deep trees, a key
+    # head shared by two value heads, value columns over two blocks; keys close to one another and decays near 1,
+    # so that a path's every step weighs on its last token
+    def ut_against_walk(size: int, chain: float, columns: int) -> None:
+        rng = random.Random(size)
+        parents = torch.tensor([[0] + [i - 1 if rng.random() < chain else rng.randrange(0, i) for i in range(1, size)]
+                                for _ in range(2)])
+        paths = root_paths(ancestor_matrix(parents, size), size)
+        q, k = torch.randn(2, size, HK, DK), torch.randn(2, 1, HK, DK) + 0.2 * torch.randn(2, size, HK, DK)
+        v, g, beta = torch.randn(2, size, HV, DV), -0.1 * torch.rand(2, size, HV), 1 - 0.2 * torch.rand(2, size, HV)
+        initial = torch.randn(2, HV, DK, DV)
+        walked = triton_gdn.tree_rule(q, k, v, g, beta, paths, initial)
+        triton_gdn.TREE_UT = (columns, 4)
+        close(triton_gdn.tree_rule(q, k, v, g, beta, paths, initial), walked)
+        triton_gdn.TREE_UT = None
+
+    for size, chain, columns in ((6, 0.0, 32), (17, 1.0, 16), (65, 0.85, 16)):
+        ut_against_walk(size, chain, columns)
+
     # A prefill chunk in one launch against the token-by-token rule, and past a 64-token chunk the chunked one
     from specdeploy.engine.models.gated_delta_rule import chain_rule, chunked_rule
     for tokens, key_heads, value_dim in ((1, 2, 40), (3, 2, 40), (70, 1, 8)):  # 40: a partial column block

@@ -3,10 +3,12 @@
 Each tree program owns one (token, value head, block of value columns): the delta rule is independent per
 value column, so a [Dk, BV] slice of the state stays in registers while the program walks the token's root
 path from the committed state. No per-token state is ever written to memory, and the shapes are fixed, so a
-verification with recurrent layers is captured in a CUDA graph. A prefill chunk (`chain_rule`) has one
-program per (row, value head, block) walking the whole chain: each token's output on the way, the final
-state at the end. Arithmetic follows the torch reference step by step (L2 norms with eps inside the root,
-decay, recall, corrected write) in float32.
+verification with recurrent layers is captured in a CUDA graph. `TREE_UT` switches trees of up to
+UT_MAX_TOKENS tokens below the root to the UT form instead (`_tree_ut_kernel`: one program per (row, value
+head, block of value columns) for the whole tree, matrix products in place of one walk per token). A prefill
+chunk (`chain_rule`) has one program per (row, value head, block) walking the whole chain: each token's output
+on the way, the final state at the end. The walks' arithmetic follows the torch reference step by step (L2
+norms with eps inside the root, decay, recall, corrected write) in float32.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ EPS = 1e-6  # gated_delta_rule.l2norm's
 # The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and 4 warps. A
 # module setting so that a benchmark can time or run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
 TREE_TILES: tuple[int, int] | None = None
+# The UT form's launch shape, (value columns per program, warps); None: trees are walked. A module setting until
+# a GPU has measured which is faster where (benchmarks/gdn_tree_rule_tiles.py, benchmarks/with_gdn_tree_rule.py).
+TREE_UT: tuple[int, int] | None = None
+UT_MAX_TOKENS = 128  # tokens below the root the UT form takes: its [T, T] system lives in registers
 
 
 @triton.jit
@@ -79,6 +85,70 @@ def _tree_rule_kernel(
               key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
     tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
+
+
+@triton.jit
+def _tree_ut_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, paths_ptr, state_ptr, out_ptr,
+    tokens, depths, groups,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sp_b, sp_t, ss_b, ss_h, so_b, so_t, so_h,
+    scale, eps,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`gated_delta_rule.tree_rule`'s UT form for one (row, value head, block of value columns). The root (token
+    0, every other token's ancestor) is one recurrence step from the committed state; tokens 1..T-1 are the
+    system's rows, solved by Jacobi sweeps u = w - A u: A is strictly lower along each path, so a token's row
+    is final, and computed as forward substitution computes it, once its ancestors' are: after as many sweeps
+    as the deepest token has ancestors besides the root."""
+    b, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // groups
+    offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    q_ptr, k_ptr, v_ptr = q_ptr + b * sq_b + key_head * sq_h, k_ptr + b * sk_b, v_ptr + b * sv_b
+    g_ptr, beta_ptr, out_ptr = g_ptr + b * sd_b, beta_ptr + b * sd_b, out_ptr + b * so_b + head * so_h
+    h = tl.load(
+        state_ptr + b * ss_b + head * ss_h + offs_k[:, None] * DV + offs_v[None, :],
+        mask=mask_k[:, None] & mask_v[None, :],
+        other=0.0,
+    )
+    h = _step(h, 0, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k,
+              offs_v, mask_v, eps)  # fmt: skip
+    tl.store(out_ptr + offs_v, _read(h, q_ptr, offs_k, mask_k, scale, eps), mask=mask_v)
+
+    node = 1 + tl.arange(0, BT)  # the system's rows: tokens 1..T-1
+    mask_t = node < tokens
+    mask_tk, mask_tv = mask_t[:, None] & mask_k[None, :], mask_t[:, None] & mask_v[None, :]
+    k = tl.load(k_ptr + key_head * sk_h + node[:, None] * sk_t + offs_k[None, :], mask=mask_tk, other=0.0)
+    k = k.to(tl.float32)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=1) + eps)[:, None]
+    q = tl.load(q_ptr + node[:, None] * sq_t + offs_k[None, :], mask=mask_tk, other=0.0).to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=1) + eps) * scale)[:, None]
+    v = tl.load(v_ptr + node[:, None] * sv_t + head * sv_h + offs_v[None, :], mask=mask_tv, other=0.0)
+    v = v.to(tl.float32)
+    g = tl.load(g_ptr + node * sd_t + head, mask=mask_t, other=0.0)
+    beta = tl.load(beta_ptr + node * sd_t + head, mask=mask_t, other=0.0)
+    # on_path[t, s]: token s lies on token t's path (t itself included, the root not: it is in h already)
+    on_path = tl.zeros([BT, BT], dtype=tl.int1)
+    length = tl.zeros([BT], dtype=tl.int32)  # each path's tokens, the root included
+    for d in range(0, depths):
+        column = tl.load(paths_ptr + b * sp_b + node * sp_t + d, mask=mask_t, other=-1)
+        on_path = on_path | (column[:, None] == node[None, :])
+        length += (column >= 0).to(tl.int32)
+    along = tl.sum(tl.where(on_path, g[None, :], 0.0), axis=1)  # log decay summed along the path
+    # exp(G_t - G_s) for s on t's path, 0 elsewhere (masked before exp: off-path differences may be positive)
+    between = tl.exp(tl.where(on_path, along[:, None] - along[None, :], float("-inf")))
+    below = node[:, None] != node[None, :]
+    system = tl.where(below, tl.dot(k, tl.trans(k), input_precision=PRECISION) * between * beta[:, None], 0.0)
+    from_root = tl.exp(along)[:, None]
+    writes = beta[:, None] * (v - from_root * tl.dot(k, h, input_precision=PRECISION))
+    effective = writes
+    for _ in range(2, tl.max(length, axis=0)):
+        effective = writes - tl.dot(system, effective, input_precision=PRECISION)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * between
+    out = from_root * tl.dot(q, h, input_precision=PRECISION)
+    out += tl.dot(scores, effective, input_precision=PRECISION)
+    tl.store(out_ptr + node[:, None] * so_t + offs_v[None, :], out, mask=mask_tv)
 
 
 @triton.jit
@@ -146,7 +216,8 @@ def tree_rule(
 ) -> torch.Tensor:
     """`gated_delta_rule.tree_rule` from the layer's tensors: query/key [B, T, Hk, Dk] and value [B, T, H, Dv]
     (strided views are fine), decay/beta [B, T, H] float32, paths [B, T, D], initial [B, H, Dk, Dv] float32.
-    Returns outputs [B, T, H, Dv] float32; launched at `TREE_TILES` when set."""
+    Returns outputs [B, T, H, Dv] float32: walked, launched at `TREE_TILES` when set, or in the UT form at
+    `TREE_UT` when set and the tree has 1 to UT_MAX_TOKENS tokens below its root."""
     batch, tokens, key_heads, key_dim = key.shape
     heads, value_dim = value.shape[2], value.shape[3]
     _check_state(initial)
@@ -159,8 +230,24 @@ def tree_rule(
     paths = paths.contiguous()
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
-    bv, warps = TREE_TILES or (bv, 4)
     depths = paths.shape[-1]
+    if TREE_UT is not None and 2 <= tokens <= UT_MAX_TOKENS + 1:
+        bv, warps = TREE_UT
+        # tl.dot takes no dim under 16; float32 models keep float32 products, others three TF32 ones (about as exact)
+        precision = "ieee" if value.dtype == torch.float32 else "tf32x3"
+        _tree_ut_kernel[(batch, heads, triton.cdiv(value_dim, max(bv, 16)))](
+            query, key, value, decay, beta, paths, initial, out,
+            tokens, depths, heads // key_heads,
+            query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
+            value.stride(0), value.stride(1), value.stride(2), decay.stride(0), decay.stride(1),
+            paths.stride(0), paths.stride(1), initial.stride(0), initial.stride(1),
+            out.stride(0), out.stride(1), out.stride(2),
+            key_dim**-0.5, EPS,
+            DK=key_dim, DV=value_dim, BK=max(bk, 16), BV=max(bv, 16), BT=max(16, triton.next_power_of_2(tokens - 1)),
+            PRECISION=precision, num_warps=warps,
+        )  # fmt: skip
+        return out
+    bv, warps = TREE_TILES or (bv, 4)
     grid = (batch * tokens, heads, triton.cdiv(value_dim, bv))
     _tree_rule_kernel[grid](
         query, key, value, decay, beta, paths, initial, out,
