@@ -138,8 +138,9 @@ def _tree_ut_kernel(
     along = tl.sum(tl.where(on_path, g[None, :], 0.0), axis=1)  # log decay summed along the path
     # exp(G_t - G_s) for s on t's path, 0 elsewhere (masked before exp: off-path differences may be positive)
     between = tl.exp(tl.where(on_path, along[:, None] - along[None, :], float("-inf")))
-    below = node[:, None] != node[None, :]
-    system = tl.where(below, tl.dot(k, tl.trans(k), input_precision=PRECISION) * between * beta[:, None], 0.0)
+    ancestor = on_path & (node[:, None] != node[None, :])
+    keys = tl.dot(k, tl.trans(k), input_precision=PRECISION)
+    system = tl.where(ancestor, keys * between * beta[:, None], 0.0)
     from_root = tl.exp(along)[:, None]
     writes = beta[:, None] * (v - from_root * tl.dot(k, h, input_precision=PRECISION))
     effective = writes
