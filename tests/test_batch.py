@@ -230,6 +230,36 @@ def test_a_request_joins_and_leaves_in_few_host_operations(pairs, family, monkey
     assert counter.count == 2  # the move's rows, and the move stage
 
 
+@pytest.mark.parametrize("mode", [("ar", None), ("ddtree", 8)])
+def test_rows_ending_together_move_only_running_rows(pairs, mode):
+    """Each move copies a row's whole cache window (the drafter's too): when several requests end in one
+    iteration, those in the last rows leave without a move, and only running requests move into the rows freed
+    below (the release used to move a finished last row into a freed one, then free it again). Ends in lengths
+    chosen so that the last rows and some below them end together."""
+    target, drafter = pairs["qwen3"]
+    name, budget = mode
+    engine = BatchEngine(
+        target, drafter if name != "ar" else None, name, budget, max_running=6, max_context=96
+    )
+    lengths = [12, 4, 12, 4, 4, 4]  # in AR (one token a step) rows 1, 3, 4 and 5 end in one iteration
+    moves = []
+    release = engine.runner.release
+
+    def recorded(row: int):
+        moved = release(row)
+        if moved is not None:
+            moves.append((row, moved, engine.running[moved].finished))
+        return moved
+
+    engine.runner.release = recorded
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
+    got = run(engine, [(0, p, q) for p, q in zip(PROMPTS, params, strict=True)])
+    assert [len(got["outputs"][i + 1]) for i in range(len(lengths))] == lengths
+    assert all(not finished for _, _, finished in moves), moves
+    if name == "ar":  # rows 5 and 4 leave, then row 3, and row 2 moves into row 1
+        assert [(row, moved) for row, moved, _ in moves] == [(1, 2)], moves
+
+
 def test_prefill_buckets_cover_every_chunk_with_bounded_padding():
     for limit in (1, 16, 100, 256, 300, 2048):
         buckets = prefill_buckets(limit)

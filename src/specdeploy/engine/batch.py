@@ -336,13 +336,14 @@ class BatchEngine:
             self._drop_finished()
 
     def _drop_finished(self) -> None:
+        """Free the finished rows with as few row moves as there are finished rows below the last one running: the
+        finished rows at the end leave first, with no move, so that each other one takes in a running row."""
         row = 0
         while row < len(self.running):
-            request = self.running[row]
-            if not request.finished:
-                row += 1
-                continue
-            self.runner.release(row)  # the last row moves into the freed one
-            last = self.running.pop()
-            if row < len(self.running):
-                self.running[row] = last
+            while self.running and self.running[-1].finished:
+                self.runner.release(len(self.running) - 1)  # the last row: nothing moves
+                self.running.pop()
+            if row < len(self.running) and self.running[row].finished:
+                self.runner.release(row)  # the last row, running, moves into the freed one
+                self.running[row] = self.running.pop()
+            row += 1
