@@ -37,7 +37,7 @@ timeout 50 python3 benchmarks/gemm_rows_sweep.py --shape qwen3.6-27b --out "$R/g
 walk=$(python3 - "$R/gdn_tree_rule_tiles.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["shapes"]["qwen3.6-27b"]["64"]["tiles"]
-ok = {k: r["us"] for k, r in rows.items() if k[0].isdigit() and r["max_abs_diff"] < 1e-3}
+ok = {k: r["us"] for k, r in rows.items() if k[0].isdigit() and r.get("max_abs_diff", 1) < 1e-3}
 best = min(ok, key=ok.get)
 print(best if ok[best] < 0.95 * rows["32x4"]["us"] else "")
 PY

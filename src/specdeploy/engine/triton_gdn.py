@@ -232,25 +232,7 @@ def tree_rule(
     out = torch.empty(batch, tokens, heads, value_dim, device=value.device, dtype=torch.float32)
     bk, bv = _blocks(key_dim, value_dim)
     depths = paths.shape[-1]
-    if TREE_UT is not None and 2 <= tokens <= UT_MAX_TOKENS + 1:
-        bv, warps = TREE_UT
-        # tl.dot takes no dim under 16; float32 models keep float32 products, others three TF32 ones (about as exact)
-        precision = "ieee" if value.dtype == torch.float32 else "tf32x3"
-        _tree_ut_kernel[(batch, heads, triton.cdiv(value_dim, max(bv, 16)))](
-            query, key, value, decay, beta, paths, initial, out,
-            tokens, depths, heads // key_heads,
-            query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), decay.stride(0), decay.stride(1),
-            paths.stride(0), paths.stride(1), initial.stride(0), initial.stride(1),
-            out.stride(0), out.stride(1), out.stride(2),
-            key_dim**-0.5, EPS,
-            DK=key_dim, DV=value_dim, BK=max(bk, 16), BV=max(bv, 16), BT=max(16, triton.next_power_of_2(tokens - 1)),
-            PRECISION=precision, num_warps=warps,
-        )  # fmt: skip
-        return out
-    bv, warps = TREE_TILES or (bv, 4)
-    grid = (batch * tokens, heads, triton.cdiv(value_dim, bv))
-    _tree_rule_kernel[grid](
+    args = (
         query, key, value, decay, beta, paths, initial, out,
         tokens, depths, heads // key_heads,
         query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
@@ -258,8 +240,20 @@ def tree_rule(
         paths.stride(0), paths.stride(1), initial.stride(0), initial.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         key_dim**-0.5, EPS,
-        DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps,
     )  # fmt: skip
+    if TREE_UT is not None and 2 <= tokens <= UT_MAX_TOKENS + 1:
+        bv, warps = max(TREE_UT[0], 16), TREE_UT[1]  # tl.dot takes no dim under 16
+        # float32 models keep float32 products, others three TF32 ones (about as exact)
+        precision = "ieee" if value.dtype == torch.float32 else "tf32x3"
+        _tree_ut_kernel[(batch, heads, triton.cdiv(value_dim, bv))](
+            *args, DK=key_dim, DV=value_dim, BK=max(bk, 16), BV=bv, BT=max(16, triton.next_power_of_2(tokens - 1)),
+            PRECISION=precision, num_warps=warps,
+        )  # fmt: skip
+        return out
+    bv, warps = TREE_TILES or (bv, 4)
+    _tree_rule_kernel[(batch * tokens, heads, triton.cdiv(value_dim, bv))](
+        *args, DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps
+    )
     return out
 
 
