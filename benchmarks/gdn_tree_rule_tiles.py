@@ -31,7 +31,7 @@ from specdeploy.engine.tree import best_first_tree, root_paths  # noqa: E402
 
 SHAPES = {"qwen3.6-27b": (16, 48, 128, 128), "tiny-hybrid": (4, 4, 64, 64)}  # key heads, value heads, dims
 TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (64, 4), (64, 8)]
-UT_TILES = [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]
+UT_TILES = [(16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8)]
 BLOCK = 16  # the drafter's block: depths 1..15 below the root
 
 

@@ -189,16 +189,17 @@ CHECKS = textwrap.dedent(
     assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
 
     # The UT form (TREE_UT) against the walk, which runs the recurrence itself: wide, chain and deep trees, a key
-    # head shared by two value heads, value columns over two blocks; keys close to one another and decays near 1,
+    # head shared by two value heads, key dims over two chunks and value columns over two blocks (both partial);
+    # keys close to one another and decays near 1,
     # so that a path's every step weighs on its last token
     def ut_against_walk(size: int, chain: float, columns: int) -> None:
         rng = random.Random(size)
         parents = torch.tensor([[0] + [i - 1 if rng.random() < chain else rng.randrange(0, i) for i in range(1, size)]
                                 for _ in range(2)])
         paths = root_paths(ancestor_matrix(parents, size), size)
-        q, k = torch.randn(2, size, HK, DK), torch.randn(2, 1, HK, DK) + 0.2 * torch.randn(2, size, HK, DK)
+        q, k = torch.randn(2, size, HK, 40), torch.randn(2, 1, HK, 40) + 0.2 * torch.randn(2, size, HK, 40)
         v, g, beta = torch.randn(2, size, HV, DV), -0.1 * torch.rand(2, size, HV), 1 - 0.2 * torch.rand(2, size, HV)
-        initial = torch.randn(2, HV, DK, DV)
+        initial = torch.randn(2, HV, 40, DV)
         walked = triton_gdn.tree_rule(q, k, v, g, beta, paths, initial)
         triton_gdn.TREE_UT = (columns, 4)
         close(triton_gdn.tree_rule(q, k, v, g, beta, paths, initial), walked)
