@@ -30,17 +30,29 @@ UT_MAX_TOKENS = 128
 
 
 @triton.jit
+def _delta(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
+           mask_k, offs_v, mask_v, eps):  # fmt: skip
+    """The token at index `node`'s step of `gated_delta_rule.delta_step`, its key L2-normalised: (h decayed, the
+    decay, the key's normalising factor, the normalised key, the corrected write); the new state is decayed +
+    key x write."""
+    k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k_scale = tl.rsqrt(tl.sum(k * k, axis=0) + eps)
+    k = k * k_scale
+    v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    decay = tl.exp(tl.load(decay_ptr + node * sd_t + head))
+    beta = tl.load(beta_ptr + node * sd_t + head)
+    decayed = h * decay
+    recalled = tl.sum(decayed * k[:, None], axis=0)
+    return decayed, decay, k_scale, k, (v - recalled) * beta
+
+
+@triton.jit
 def _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
           mask_k, offs_v, mask_v, eps):  # fmt: skip
-    """h advanced by the token at index `node`: `gated_delta_rule.delta_step` with its key L2-normalised."""
-    k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
-    v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    g = tl.load(decay_ptr + node * sd_t + head)
-    beta = tl.load(beta_ptr + node * sd_t + head)
-    h = h * tl.exp(g)
-    recalled = tl.sum(h * k[:, None], axis=0)
-    return h + k[:, None] * ((v - recalled) * beta)[None, :]
+    """h advanced by the token at index `node` (`_delta`)."""
+    decayed, _, _, k, write = _delta(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h,
+                                     sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
+    return decayed + k[:, None] * write[None, :]
 
 
 @triton.jit
@@ -109,26 +121,23 @@ def _tree_ut_kernel(
     key_head = head // groups
     offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
     mask_k, mask_v = offs_k < DK, offs_v < DV
-    q_ptr, k_ptr = q_ptr + b * sq_b + key_head * sq_h, k_ptr + b * sk_b + key_head * sk_h
-    v_ptr = v_ptr + b * sv_b
+    q_ptr, k_ptr, v_ptr = q_ptr + b * sq_b + key_head * sq_h, k_ptr + b * sk_b, v_ptr + b * sv_b
     g_ptr, beta_ptr, out_ptr = g_ptr + b * sd_b, beta_ptr + b * sd_b, out_ptr + b * so_b + head * so_h
     state_ptr += b * ss_b + head * ss_h
     mask_kv = mask_k[:, None] & mask_v[None, :]
     h0 = tl.load(state_ptr + offs_k[:, None] * DV + offs_v[None, :], mask=mask_kv, other=0.0)
-    # the root: `_step`'s arithmetic, its corrected write kept
-    k0 = tl.load(k_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    k0_norm = tl.rsqrt(tl.sum(k0 * k0, axis=0) + eps)
-    k0 = k0 * k0_norm
-    root_decay = tl.exp(tl.load(g_ptr + head))
-    decayed = h0 * root_decay
-    v0 = tl.load(v_ptr + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    write0 = (v0 - tl.sum(decayed * k0[:, None], axis=0)) * tl.load(beta_ptr + head)
+    # the root's step, its corrected write kept
+    decayed, root_decay, k0_norm, k0, write0 = _delta(
+        h0, 0, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v,
+        mask_v, eps,
+    )  # fmt: skip
     tl.store(out_ptr + offs_v, _read(decayed + k0[:, None] * write0[None, :], q_ptr, offs_k, mask_k, scale, eps),
              mask=mask_v)  # fmt: skip
 
     node = 1 + tl.arange(0, BT)  # the system's rows: tokens 1..T-1
     mask_t = node < tokens
     offs_c = tl.arange(0, BKC)
+    k_ptr += key_head * sk_h
     k_rows, q_rows = k_ptr + node[:, None] * sk_t, q_ptr + node[:, None] * sq_t
     k_squares, q_squares = tl.zeros([BT], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32)
     for c in range(0, BK, BKC):
