@@ -7,6 +7,11 @@ best), then the plan's rows per block with those tiles, and prints each against 
 experts, activations) at the copy bandwidth measured in the same run. Writes JSON as it goes.
 
     python benchmarks/moe_tile_sweep.py --shapes mla-moe-16b,kimi-like --tokens 1,17,65,257 --out sweep.json
+
+`--one-token` sweeps one token's step instead: the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at each tile
+shape of gate|up then of down, against the grouped-GEMM kernels' one-token mode; and the router as one kernel
+(`triton_moe.route`) at each experts-per-program against the float32 matrix product and `sigmoid_top_k`, each
+checked against that path's result. It prints the settings to pass to `benchmarks/with_moe_one_token.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cuda_timing import graph_replay_ms  # noqa: E402
 
-from specdeploy.engine.triton_moe import MoeTiling, Tiles, default_tiling, fused_moe  # noqa: E402
+from specdeploy.engine import triton_moe  # noqa: E402
+from specdeploy.engine.triton_moe import (  # noqa: E402
+    GemvTiles,
+    MoeTiling,
+    Tiles,
+    default_tiling,
+    fused_moe,
+    route,
+    sigmoid_top_k,
+)
 from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 from specdeploy.perf.shapes import get_shape  # noqa: E402
 
@@ -35,6 +49,12 @@ TILE_SHAPES = list(itertools.product((16, 32, 64, 128), (64, 128, 256)))
 PIPELINES = ((2, 4), (4, 5), (8, 3), (8, 5))  # (warps, stages) then tried on the best tile shape
 BLOCK_ROWS = (16, 32, 64)  # rows per block of the plan, tried last with the tuned tiles
 WEIGHT_BYTES_PER_SET = 8 << 30  # copies of a layer's experts, up to this many bytes in all
+GEMV_SHAPES = list(
+    itertools.product((4, 8, 16, 32), (128, 256, 512))
+)  # (block_n, block_k), 4 warps, 3 stages
+GEMV_PIPELINES = ((2, 3), (8, 3), (4, 1), (4, 2), (4, 4))  # (warps, stages) then tried on the best shape
+ROUTE_BLOCKS = (1, 2, 4, 8, 16)  # experts per program of the one-kernel router
+ROUTER_COPIES = 16  # router weights per timed call, so that L2 does not hold the one read
 
 
 class Workload:
@@ -99,6 +119,124 @@ def best(rows: list[dict]) -> Tiles:
     return Tiles(*min((r for r in rows if "ms" in r), key=lambda r: r["ms"])["tiles"])
 
 
+def one_token_ms(workload: Workload, tiles: tuple[GemvTiles, GemvTiles] | None) -> float:
+    triton_moe.ONE_TOKEN = tiles
+    try:
+        return graph_ms(workload, None)
+    finally:
+        triton_moe.ONE_TOKEN = None
+
+
+def sweep_one_token(workload: Workload) -> dict:
+    """One token's experts: the grouped-GEMM kernels' one-token mode, then the matrix-vector kernels' gate|up
+    tiles (down at a middle shape), then down's (gate|up at its best); each result checked against the first."""
+    want = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
+                     *workload.layers[0][2:])  # fmt: skip
+    entry: dict = {"grouped_ms": graph_ms(workload, None), "gate_up": [], "down": []}
+    middle = GemvTiles(16, 256, 4, 3)
+
+    def measure(which: str, tiles: tuple[GemvTiles, GemvTiles]) -> None:
+        row: dict = {"tiles": [list(t) for t in tiles]}
+        try:
+            triton_moe.ONE_TOKEN = tiles
+            got = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
+                            *workload.layers[0][2:])  # fmt: skip
+            triton_moe.ONE_TOKEN = None
+            row["max_abs_diff"] = (got.float() - want.float()).abs().max().item()
+            row["ms"] = one_token_ms(workload, tiles)
+        except Exception as error:  # a launch shape that does not compile or fit: recorded, the sweep goes on
+            triton_moe.ONE_TOKEN = None
+            row["error"] = str(error).splitlines()[0][:120]
+        entry[which].append(row)
+
+    def best_of(which: str) -> GemvTiles:
+        rows = [r for r in entry[which] if "ms" in r]
+        return GemvTiles(*min(rows, key=lambda r: r["ms"])["tiles"][0 if which == "gate_up" else 1])
+
+    for n, k in GEMV_SHAPES:
+        measure("gate_up", (GemvTiles(n, k, 4, 3), middle))
+    shape = best_of("gate_up")
+    for warps, stages in GEMV_PIPELINES:
+        measure("gate_up", (shape._replace(warps=warps, stages=stages), middle))
+    gate_up = best_of("gate_up")
+    for n, k in GEMV_SHAPES:
+        measure("down", (gate_up, GemvTiles(n, k, 4, 3)))
+    shape = best_of("down")
+    for warps, stages in GEMV_PIPELINES:
+        measure("down", (gate_up, shape._replace(warps=warps, stages=stages)))
+    best = (gate_up, best_of("down"))
+    entry["best"] = [list(t) for t in best]
+    entry["best_ms"] = one_token_ms(workload, best)
+    return entry
+
+
+def sweep_router(target: dict, generator: torch.Generator) -> dict:
+    """One token's routing: the float32 matrix product and `sigmoid_top_k` against `route` per experts per
+    program, over ROUTER_COPIES router weights per call; each routing checked against the first path's."""
+    experts, hidden, top_k = target["n_routed_experts"], target["hidden_size"], target["num_experts_per_tok"]
+    routers = [torch.randn(experts, hidden, device="cuda", generator=None) / hidden**0.5
+               for _ in range(ROUTER_COPIES)]  # fmt: skip
+    bias = torch.rand(experts, generator=generator).mul_(0.1).cuda()
+    x = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda")
+
+    def torch_path() -> list:
+        return [sigmoid_top_k(x.float() @ r.t(), bias, top_k, True, 2.5) for r in routers]
+
+    def kernel(block_e: int) -> list:
+        return [route(x, r, bias, top_k, True, 2.5, block_e) for r in routers]
+
+    want = [indices.sort(dim=1).values for _, indices in torch_path()]
+    entry: dict = {"torch_ms": graph_replay_ms(torch_path) / ROUTER_COPIES, "route": []}
+    for block_e in ROUTE_BLOCKS:
+        row: dict = {"block_e": block_e}
+        try:
+            got = [indices.sort(dim=1).values for _, indices in kernel(block_e)]
+            row["same_experts"] = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+            row["ms"] = graph_replay_ms(lambda b=block_e: kernel(b)) / ROUTER_COPIES
+            # replayed from the graph: the done-counts went back to zero after every call
+            row["counts_reset"] = bool((triton_moe._done_counts[x.device] == 0).all())
+        except Exception as error:
+            row["error"] = str(error).splitlines()[0][:120]
+        entry["route"].append(row)
+    return entry
+
+
+def main_one_token(shapes: list[str], out: Path, result: dict) -> None:
+    generator = torch.Generator().manual_seed(0)
+    for name in shapes:
+        target = get_shape(name).target
+        layer_bytes = (
+            3 * target["n_routed_experts"] * target["hidden_size"] * target["moe_intermediate_size"] * 2
+        )
+        workload = Workload(target, 1, max(1, min(4, WEIGHT_BYTES_PER_SET // layer_bytes)), generator)
+        roofline_ms = workload.bytes / result["copy_tb_per_s"] / 1e9
+        entry = {"roofline_ms": roofline_ms, "experts": sweep_one_token(workload)}
+        del workload
+        torch.cuda.empty_cache()
+        entry["router"] = sweep_router(target, generator)
+        result["shapes"][name] = entry
+        out.write_text(json.dumps(result, indent=1))
+        moe, router = entry["experts"], entry["router"]
+        fastest = min(
+            (r for r in router["route"] if r.get("same_experts")), key=lambda r: r["ms"], default=None
+        )
+        gate_up, down = ("x".join(str(v) for v in t) for t in moe["best"])
+        print(
+            f"{name} one token: roofline {roofline_ms:.4f} ms, grouped kernels {moe['grouped_ms']:.4f} ms "
+            f"({roofline_ms / moe['grouped_ms']:.0%}), matrix-vector {moe['best_ms']:.4f} ms "
+            f"({roofline_ms / moe['best_ms']:.0%}) at {gate_up}/{down}; router: matrix product + top-k "
+            f"{router['torch_ms'] * 1e3:.1f} us, one kernel "
+            + (
+                f"{fastest['ms'] * 1e3:.1f} us at {fastest['block_e']} experts a program"
+                if fastest
+                else "none"
+            )
+            + f"; settings {gate_up}/{down}"
+            + (f",route{fastest['block_e']}" if fastest else ""),
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -106,6 +244,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="mla-moe-16b,kimi-like")
     parser.add_argument("--tokens", default="1,17,65,257")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--one-token", action="store_true", help="sweep one token's kernels (see above)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
     result = {
@@ -117,6 +256,10 @@ def main() -> None:
         "shapes": {},
     }
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    if args.one_token:
+        result.update(gemv_shapes=GEMV_SHAPES, gemv_pipelines=GEMV_PIPELINES, route_blocks=ROUTE_BLOCKS)
+        main_one_token(args.shapes.split(","), args.out, result)
+        return
     generator = torch.Generator().manual_seed(0)
     for name in args.shapes.split(","):
         target = get_shape(name).target

@@ -35,12 +35,36 @@ def load(pair, dtype):
     return load_target(pair[0], "cuda", dtype), load_drafter(pair[1], "cuda", dtype)
 
 
-@pytest.mark.parametrize(("family", "ut"), [(f, None) for f in FAMILIES] + [("qwen3_next", (32, 4))])
-def test_fp32_cuda_modes_equal_ar_exactly(pairs, monkeypatch, family, ut):
-    """`ut`: the Gated DeltaNet trees in the UT form (`triton_gdn.TREE_UT`), AR steps walked."""
-    from specdeploy.engine import triton_gdn
+# Kernel settings that are off by default, each with the family whose kernels it changes: the Gated DeltaNet
+# trees in the UT form (AR steps walked); one token's experts as matrix-vector kernels and its routing in one
+# kernel (verify steps of up to 16 tokens routed so too)
+SETTINGS = {
+    "qwen3_next-ut": ("qwen3_next", {"triton_gdn.TREE_UT": (32, 4)}),
+    "deepseek_v3-one-token-moe": (
+        "deepseek_v3",
+        {"triton_moe.ONE_TOKEN": ((16, 256, 4, 3), (8, 256, 4, 3)), "triton_moe.ROUTE_TOKENS": 16},
+    ),
+}
 
-    monkeypatch.setattr(triton_gdn, "TREE_UT", ut)
+
+def apply_settings(monkeypatch, settings: dict) -> None:
+    from specdeploy.engine import triton_gdn, triton_moe
+
+    modules = {"triton_gdn": triton_gdn, "triton_moe": triton_moe}
+    for key, value in settings.items():
+        module, name = key.split(".")
+        if name == "ONE_TOKEN":
+            value = tuple(triton_moe.GemvTiles(*tiles) for tiles in value)
+        monkeypatch.setattr(modules[module], name, value)
+
+
+@pytest.mark.parametrize(
+    ("family", "settings"),
+    [(f, {}) for f in FAMILIES] + list(SETTINGS.values()),
+    ids=list(FAMILIES) + list(SETTINGS),
+)
+def test_fp32_cuda_modes_equal_ar_exactly(pairs, monkeypatch, family, settings):
+    apply_settings(monkeypatch, settings)
     torch.backends.cuda.matmul.allow_tf32 = False
     target, drafter = load(pairs[family], torch.float32)
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)

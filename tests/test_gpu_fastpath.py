@@ -259,6 +259,83 @@ def test_one_kernel_routing_equals_the_router_ops():
     close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
 
 
+@pytest.mark.parametrize(
+    ("experts", "k", "hidden", "inter"),
+    [(32, 8, 7168, 2048), (64, 6, 2048, 1408)],
+    ids=["kimi", "mla-moe-16b"],
+)
+@pytest.mark.parametrize("tiles", [((16, 256, 4, 3), (8, 256, 4, 3)), ((4, 512, 8, 2), (32, 128, 2, 4))])
+def test_one_token_moe_equals_the_grouped_gemm(experts, k, hidden, inter, tiles, monkeypatch):
+    """One token's experts as the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at Kimi's widths (32 of its
+    experts, for memory) and mla-moe-16b's, a shared expert included: float32 equal to the torch path up to summation order; bfloat16 no further
+    from the float32 oracle than the torch path is."""
+    from specdeploy.engine import triton_moe
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.models.moe import Experts
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(triton_moe, "ONE_TOKEN", tuple(triton_moe.GemvTiles(*t) for t in tiles))
+    gen = torch.Generator(device="cuda").manual_seed(experts)
+    with torch.device("cuda"), torch.no_grad():
+        block, shared = Experts(experts, hidden, inter), SwiGLU(hidden, 2 * inter)
+        for param in (block.w13, block.w2, shared.gate_up_proj.weight, shared.down_proj.weight):
+            param.normal_(0.0, 0.02, generator=gen)
+        x = torch.randn(1, hidden, generator=gen)
+        weights = torch.rand(1, k, generator=gen)
+        indices = torch.randperm(experts, generator=gen)[:k][None]
+        oracle = block.grouped(x, weights, indices) + shared(x)
+        args = (block.w13, block.w2, weights, indices, shared.gate_up_proj.weight, shared.down_proj.weight)
+        got = triton_moe.fused_moe(x, *args)
+        torch.testing.assert_close(got, oracle, atol=1e-4, rtol=1e-4)
+        block.bfloat16(), shared.bfloat16()
+        xb = x.bfloat16()
+        torch_bf16 = block.grouped(xb, weights, indices) + shared(xb)
+        args = (block.w13, block.w2, weights, indices, shared.gate_up_proj.weight, shared.down_proj.weight)
+        got = triton_moe.fused_moe(xb, *args)
+    ours, theirs = (got.float() - oracle).abs().max(), (torch_bf16.float() - oracle).abs().max()
+    assert ours <= 1.5 * theirs + 1e-3, (ours.item(), theirs.item())
+
+
+@pytest.mark.parametrize(
+    ("experts", "k", "hidden"), [(384, 8, 7168), (64, 6, 2048)], ids=["kimi", "mla-moe-16b"]
+)
+@pytest.mark.parametrize("block_e", [1, 4, 16])
+def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(experts, k, hidden, block_e):
+    """`triton_moe.route` captured once in a CUDA graph and replayed for new tokens (1 and 16 at a time): the
+    same experts and weights as the router's torch ops every time, so the done-counts went back to zero."""
+    from specdeploy.engine import triton_moe
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # the torch router's float32 product, exactly
+    gen = torch.Generator(device="cuda").manual_seed(block_e)
+    config = {"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden, "n_group": 1,
+              "topk_group": 1, "routed_scaling_factor": 2.827}  # fmt: skip
+    with torch.device("cuda"), torch.no_grad():
+        router = GroupLimitedRouter(config)
+        router.weight.normal_(0.0, hidden**-0.5, generator=gen)
+        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        for tokens in (1, 16):
+            x = torch.randn(tokens, hidden, generator=gen).bfloat16()
+            args = (router.e_score_correction_bias, k, True, 2.827, block_e)
+            triton_moe.route(x, router.weight, *args)  # eager first: compiles, allocates the done-counts
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                got_weights, got = triton_moe.route(x, router.weight, *args)
+            for _ in range(3):
+                x.copy_(torch.randn(tokens, hidden, generator=gen))
+                graph.replay()
+                ops._triton_kernels.cache_clear()
+                os.environ["SPECDEPLOY_TRITON"] = "0"
+                try:
+                    want_weights, want = router(x)
+                finally:
+                    os.environ.pop("SPECDEPLOY_TRITON")
+                    ops._triton_kernels.cache_clear()
+                (want, want_order), (sorted_got, got_order) = want.sort(dim=1), got.sort(dim=1)
+                assert torch.equal(sorted_got, want), tokens
+                close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the

@@ -69,16 +69,22 @@ RECORD = textwrap.dedent(
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
-    from specdeploy.engine import triton_gdn
-    # the Gated DeltaNet pair once more with its trees in the UT form
-    for family, (target_dir, draft_dir) in [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"])]:
+    from specdeploy.engine import triton_gdn, triton_moe
+    # the Gated DeltaNet pair once more with its trees in the UT form; the MLA pair once more, one request
+    # (one token per AR step), with its experts as matrix-vector kernels and its routing in one kernel
+    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"]), ("deepseek_v3 one-token", pairs["deepseek_v3"])]
+    for family, (target_dir, draft_dir) in variants:
         triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
+        one_token = family.endswith(" one-token")
+        triton_moe.ONE_TOKEN = (triton_moe.GemvTiles(16, 256, 4, 3), triton_moe.GemvTiles(8, 256, 4, 3)) if one_token else None
+        triton_moe.ROUTE_TOKENS = 16 if one_token else 0
         target = load_target(target_dir, dtype=torch.bfloat16)
         drafter = load_drafter(draft_dir, dtype=torch.bfloat16)
         # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
         engine = BatchEngine(target, drafter, "ddtree", 8, max_running=2, max_context=96,
                              policy=scripted_policy([8, 0, 5]), fixed_shapes=True)
-        run(engine, [(i, p, q) for i, (p, q) in enumerate(zip(prompts, params))])
+        requests = list(zip(prompts, params))[: 1 if one_token else None]
+        run(engine, [(i, p, q) for i, (p, q) in enumerate(requests)])
     print(json.dumps(list(launches.values())))
     """
 )
@@ -129,7 +135,7 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     # each family's own kernels were launched (else the run did not take the CUDA path)
     expected = {"_walk_kernel", "_move_kernel", "_commit_rows_kernel", "_keep_features_kernel", "_rms_norm_kernel",
                 "_best_first_tree_kernel", "_tree_rule_kernel", "_tree_ut_kernel", "_gate_up_kernel",
-                "_mla_query_entry_kernel"}  # fmt: skip
+                "_mla_query_entry_kernel", "_gate_up_gemv_kernel", "_down_gemv_kernel", "_route_kernel"}  # fmt: skip
     assert expected <= names, expected - names
     compiled = subprocess.run(
         [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,

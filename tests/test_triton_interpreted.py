@@ -128,6 +128,26 @@ CHECKS = textwrap.dedent(
             tiling = MoeTiling(32, Tiles(16, 128, 2, 4), Tiles(32, 16, 8, 3))
             close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights, tiling=tiling), want)
 
+    # one token's experts as the matrix-vector kernels: with and without shared experts, widths that are no
+    # multiple of the tiles, and the reduction over several tiles
+    from specdeploy.engine import triton_moe
+    from specdeploy.engine.triton_moe import GemvTiles
+
+    for experts, k, hidden, inter, shared_inter in ((8, 2, 64, 32, 64), (8, 3, 48, 40, 0), (16, 4, 300, 72, 144)):
+        block = Experts(experts, hidden, inter)
+        block.w13.data.normal_(0, 0.2)
+        block.w2.data.normal_(0, 0.2)
+        shared = SwiGLU(hidden, shared_inter) if shared_inter else None
+        x, weights, indices = torch.randn(1, hidden), torch.rand(1, k), torch.randperm(experts)[:k][None]
+        shared_weights = (shared.gate_up_proj.weight, shared.down_proj.weight) if shared else ()
+        with torch.no_grad():
+            want = block(x, weights, indices, shared)
+            for tiles in ((GemvTiles(16, 32, 4, 3), GemvTiles(8, 64, 2, 2)), (GemvTiles(4, 128, 4, 3),
+                                                                              GemvTiles(32, 16, 4, 1))):
+                triton_moe.ONE_TOKEN = tiles
+                close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
+    triton_moe.ONE_TOKEN = None
+
     # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
     from specdeploy.engine.models.rope import apply_rope
     from specdeploy.engine.triton_mla import mla_query_entry
@@ -166,6 +186,25 @@ CHECKS = textwrap.dedent(
         (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
         assert torch.equal(got, want), (experts, got, want)
         close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+
+    # the router's product and the routing in one kernel, each program a few experts' logits and the token's
+    # last one the top-k: every call leaves the done-counts at zero for the next (a CUDA graph replays them)
+    from specdeploy.engine.triton_moe import route
+
+    for experts, k, tokens, hidden, block_e in ((8, 2, 3, 16, 1), (384, 8, 5, 300, 4), (64, 6, 1, 700, 16)):
+        router = GroupLimitedRouter({"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden,
+                                     "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5})
+        router.weight.data.normal_(0, hidden**-0.5)
+        router.e_score_correction_bias.normal_(0, 0.1)
+        for _ in range(2):
+            x = torch.randn(tokens, hidden)
+            with torch.no_grad():
+                want_weights, want = router(x)
+                got_weights, got = route(x, router.weight, router.e_score_correction_bias, k, True, 2.5, block_e)
+            (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+            assert torch.equal(got, want), (experts, got, want)
+            close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+            assert not triton_moe._done_counts[x.device].any()
 
     # Gated DeltaNet over draft trees: every token along its own root path, then the accepted path replayed
     import random
@@ -284,6 +323,7 @@ CHECKS = textwrap.dedent(
            "linear_value_head_dim": 8, "layer_types": ["linear_attention", "full_attention"],
            "max_position_embeddings": 64}
     family, text, _ = resolve_family(raw)
+    torch.manual_seed(0)  # this check's inputs do not depend on how many numbers the checks above drew
     model = family(target_config(raw, text, None)).eval().requires_grad_(False)
     for p in model.parameters():
         p.data.normal_(0, 0.3)  # a fresh layer's norm weights and gates are exactly 0 or 1

@@ -10,7 +10,9 @@ token picks with weight 1, read from their own tensors. Pairs are numbered route
 then one shared pair per token (N * k + token). Everything stays on the device (the block plan is one
 program sorting the pairs, or torch ops of fixed shapes for large prefills), so the step remains capturable
 in a CUDA graph. A single token (batch-1 decode) needs no plan: its experts are distinct, so each pair is
-its own block and the kernels read its expert from the routing.
+its own block and the kernels read its expert from the routing. With `ONE_TOKEN` set, one token instead runs
+as two matrix-vector kernels without tensor cores (no block of 16 rows for one real row): gate|up per
+(expert, column tile), then down with the sum over the token's experts in the same program (one launch fewer).
 
 Rounding follows the torch path in `moe.Experts` (projection outputs, SiLU and the weighted product round
 to the model dtype); the sum over a token's experts runs in float32 and rounds once.
@@ -40,6 +42,20 @@ class MoeTiling(NamedTuple):
     block_m: int
     gate_up: Tiles
     down: Tiles
+
+
+class GemvTiles(NamedTuple):
+    """A one-token kernel's launch shape: output columns per program, reduction tile, warps, pipeline stages."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# One token's experts as matrix-vector kernels, (gate|up tiles, down tiles); None: the grouped-GEMM kernels in
+# their one-token mode. Off until a GPU has timed it (`benchmarks/moe_tile_sweep.py --one-token`).
+ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = None
 
 
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
@@ -193,6 +209,73 @@ def _down_kernel(
 
 
 @triton.jit
+def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 sums over k < row_width of w[col, k] * vector[k] (rows of `row_width` contiguous values)."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, row_width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < row_width
+        v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        m = tl.load(w + col[:, None].to(tl.int64) * row_width + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                    other=0.0)  # fmt: skip
+        acc += m.to(tl.float32) * v[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr,  # [1, H] the token
+    w13_ptr, shared13_ptr,  # as _gate_up_kernel's
+    indices_ptr,  # [k] the token's routed experts
+    out_ptr,  # [k + 1, max(I, Is)] SiLU(gate) * up of each pair (the shared expert's last)
+    top_k, hidden, inter, shared_inter, stride_we, stride_out,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pair = tl.program_id(0)  # routed pairs, then the shared expert's
+    if pair < top_k:
+        w = w13_ptr + tl.load(indices_ptr + pair) * stride_we
+        width = inter
+    else:
+        w = shared13_ptr
+        width = shared_inter
+    if tl.program_id(1) * BLOCK_N >= width:
+        return
+    col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < width
+    dtype = out_ptr.dtype.element_ty
+    gate = _round(_gemv_tile(w, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype)
+    up = _round(
+        _gemv_tile(w + width.to(tl.int64) * hidden, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype
+    )
+    silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
+
+
+@triton.jit
+def _down_gemv_kernel(
+    act_ptr,  # [k + 1, max(I, Is)] the first kernel's output
+    w2_ptr, shared2_ptr,  # as _down_kernel's
+    indices_ptr,  # [k] the token's routed experts
+    weight_ptr,  # [k] their routing weights
+    out_ptr,  # [1, H] the token's MoE output
+    top_k, hidden, inter, shared_inter, stride_we, stride_act,
+    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < hidden
+    dtype = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
+    for pair in range(0, top_k):
+        w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
+        expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
+        total += _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
+    if SHARED:  # weight 1
+        total += _round(_gemv_tile(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
+                                   BLOCK_N, BLOCK_K), dtype)  # fmt: skip
+    tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
+
+
+@triton.jit
 def _plan_kernel(
     indices_ptr,  # [N * k] routed experts of each routed pair
     scratch_ptr,  # [2 * PB] int32
@@ -320,6 +403,8 @@ def fused_moe(
     total = num_experts + int(has_shared)
     block_m, gate_up, down = tiling or default_tiling(pairs, total, hidden)
     indices = indices.contiguous()
+    if tokens == 1 and ONE_TOKEN is not None:
+        return _one_token_moe(x, w13, w2, weights, indices, shared13, shared2, has_shared, ONE_TOKEN)
     direct = tokens == 1  # each pair its own block: no plan to build (one launch fewer per decode step)
     if direct:
         sorted_pairs = block_expert = indices  # unread
@@ -357,15 +442,50 @@ def fused_moe(
     return out
 
 
+def _one_token_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor,
+    shared13: torch.Tensor,
+    shared2: torch.Tensor,
+    has_shared: bool,
+    tiles: tuple[GemvTiles, GemvTiles],
+) -> torch.Tensor:
+    """`fused_moe` of one token [1, H] in two matrix-vector kernels (`ONE_TOKEN`)."""
+    gate_up, down = tiles
+    hidden = x.shape[1]
+    top_k, inter = indices.shape[1], w2.shape[2]
+    shared_inter = shared2.shape[1] if has_shared else 0
+    widest = max(inter, shared_inter)
+    act = torch.empty(top_k + 1, widest, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    _gate_up_gemv_kernel[(top_k + int(has_shared), triton.cdiv(widest, gate_up.block_n))](
+        x, w13, shared13, indices, act, top_k, hidden, inter, shared_inter, w13.stride(0), act.stride(0),
+        BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps, num_stages=gate_up.stages,
+    )  # fmt: skip
+    out = torch.empty_like(x)
+    _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
+        act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
+        act.stride(0),
+        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
+        num_stages=down.stages,
+    )  # fmt: skip
+    return out
+
+
 @triton.jit
-def _sigmoid_top_k_kernel(
-    logits_ptr, bias_ptr, weights_ptr, indices_ptr, experts, scale,
+def _pick_top_k(
+    logits_ptr, bias_ptr, weights_ptr, indices_ptr, token, experts, scale,
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0)
+    """Token `token`'s routing from its float32 logits: sigmoid scores, the top_k of scores + bias, their
+    scores (normalised when asked) times scale."""
     e = tl.arange(0, E)
     ok = e < experts
-    scores = tl.sigmoid(tl.load(logits_ptr + token * experts + e, mask=ok, other=0.0))
+    logits = tl.load(logits_ptr + token * experts + e, mask=ok, other=0.0, cache_modifier=".cg")
+    scores = tl.sigmoid(logits)
     choice = tl.where(ok, scores + tl.load(bias_ptr + e, mask=ok, other=0.0), float("-inf"))
     slot = tl.arange(0, K)
     picked = tl.zeros([K], tl.int32)
@@ -381,6 +501,39 @@ def _sigmoid_top_k_kernel(
     tl.store(indices_ptr + token * TOP_K + slot, picked.to(tl.int64), mask=slot < TOP_K)
 
 
+@triton.jit
+def _sigmoid_top_k_kernel(
+    logits_ptr, bias_ptr, weights_ptr, indices_ptr, experts, scale,
+    TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr,
+):  # fmt: skip
+    _pick_top_k(logits_ptr, bias_ptr, weights_ptr, indices_ptr, tl.program_id(0), experts, scale,
+                TOP_K, E, K, NORMALIZE)  # fmt: skip
+
+
+@triton.jit
+def _route_kernel(
+    x_ptr,  # [N, H] tokens (model dtype)
+    router_ptr,  # [E, H] float32 router weight
+    bias_ptr, logits_ptr, weights_ptr, indices_ptr,
+    count_ptr,  # [N] int32 zeros: programs done per token (the last one sets it back to 0)
+    experts, hidden, scale,
+    TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < experts
+    logits = _gemv_tile(router_ptr, hidden, e, e_ok, x_ptr + token.to(tl.int64) * hidden, BLOCK_E, BLOCK_K)
+    tl.store(logits_ptr + token * experts + e, logits, mask=e_ok)
+    tl.debug_barrier()  # every thread's logits are written before the program counts itself done
+    done = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
+    if done == tl.num_programs(1) - 1:  # the token's last program: all its logits are in
+        tl.store(count_ptr + token, 0)
+        _pick_top_k(
+            logits_ptr, bias_ptr, weights_ptr, indices_ptr, token, experts, scale, TOP_K, E, K, NORMALIZE
+        )
+
+
 def sigmoid_top_k(
     logits: torch.Tensor, bias: torch.Tensor, top_k: int, normalize: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -394,5 +547,44 @@ def sigmoid_top_k(
         logits.contiguous(), bias, weights, indices, experts, scale,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
         num_warps=4,
+    )  # fmt: skip
+    return weights, indices
+
+
+# The most tokens the router runs as `route` (one kernel; each token reads the router's weight, from L2 after the
+# first, where a matrix product reads it once for all); 0: always the matrix product and `sigmoid_top_k`. Off
+# until a GPU has timed it.
+ROUTE_TOKENS = 0
+ROUTE_BLOCK_E = 4  # experts per program: 16 programs for mla-moe-16b's 64 experts, 96 for Kimi's 384
+_done_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def route(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    scale: float,
+    block_e: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sigmoid_top_k` of the float32 logits x [N, H] @ router[E, H].T in one kernel: each program computes
+    `block_e` experts' logits (default ROUTE_BLOCK_E), and the last of a token's programs to finish picks its
+    experts. In a CUDA graph the done-counts are the tensor allocated on the first (eager) call."""
+    tokens, hidden = x.shape
+    experts = router.shape[0]
+    counts = _done_counts.get(x.device)
+    if counts is None or counts.numel() < tokens:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # graphs.py then runs the stage eagerly
+            raise RuntimeError("route: the done-counts are allocated in an eager call, not under capture")
+        counts = _done_counts[x.device] = torch.zeros(max(tokens, 16), dtype=torch.int32, device=x.device)
+    logits = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
+    indices = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
+    block_e = block_e or ROUTE_BLOCK_E
+    _route_kernel[(tokens, triton.cdiv(experts, block_e))](
+        x.contiguous(), router, bias, logits, weights, indices, counts, experts, hidden, scale,
+        TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
+        BLOCK_E=block_e, BLOCK_K=256, num_warps=4,
     )  # fmt: skip
     return weights, indices

@@ -135,17 +135,16 @@ class GroupLimitedRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (weights float32 [N, top_k], expert indices [N, top_k])."""
-        logits = F.linear(x.float(), self.weight.float())
-        if ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group:
-            from specdeploy.engine.triton_moe import sigmoid_top_k
+        args = (self.e_score_correction_bias, self.top_k, self.norm_topk_prob, self.routed_scaling_factor)
+        one_kernel = ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group
+        if one_kernel:
+            from specdeploy.engine import triton_moe
 
-            return sigmoid_top_k(
-                logits,
-                self.e_score_correction_bias,
-                self.top_k,
-                self.norm_topk_prob,
-                self.routed_scaling_factor,
-            )
+            if x.shape[0] <= triton_moe.ROUTE_TOKENS:
+                return triton_moe.route(x, self.weight, *args)
+        logits = F.linear(x.float(), self.weight.float())
+        if one_kernel:
+            return triton_moe.sigmoid_top_k(logits, *args)
         scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.topk_group < self.n_group:  # otherwise every group is allowed (Kimi: one group)
