@@ -39,15 +39,16 @@ def target_config(family: str, vocab: int, layers: int = 4):
             decoder_sparse_step=1,
             mlp_only_layers=[],
         )
-    if family == "deepseek_v3":
+    if family in ("deepseek_v3", "kimi"):
         common["num_key_value_heads"] = common["num_attention_heads"]  # MLA: every head has its own K/V
+        groups = 1 if family == "kimi" else 2  # Kimi K2 routes among all its experts: one group
         return DeepseekV3Config(
             **common,
             intermediate_size=64,
             moe_intermediate_size=16,
             n_routed_experts=8,
             num_experts_per_tok=2,
-            n_group=2,
+            n_group=groups,
             topk_group=1,
             n_shared_experts=1,
             first_k_dense_replace=1,

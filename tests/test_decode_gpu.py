@@ -28,7 +28,8 @@ PROMPT = [3, 17, 9, 41, 5, 22, 8]
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-pairs")
-    return {family: write_pair(root, family, logit_scale=4.0) for family in FAMILIES}
+    families = FAMILIES + [family for family, _ in SETTINGS.values() if family not in FAMILIES]
+    return {family: write_pair(root, family, logit_scale=4.0) for family in families}
 
 
 def load(pair, dtype):
@@ -37,11 +38,11 @@ def load(pair, dtype):
 
 # Kernel settings that are off by default, each with the family whose kernels it changes: the Gated DeltaNet
 # trees in the UT form (AR steps walked); one token's experts as matrix-vector kernels and its routing in one
-# kernel (verify steps of up to 16 tokens routed so too)
+# kernel (verify steps of up to 16 tokens routed so too), which takes Kimi's routing (one group of experts)
 SETTINGS = {
     "qwen3_next-ut": ("qwen3_next", {"triton_gdn.TREE_UT": (32, 4)}),
-    "deepseek_v3-one-token-moe": (
-        "deepseek_v3",
+    "kimi-one-token-moe": (
+        "kimi",
         {"triton_moe.ONE_TOKEN": ((16, 256, 4, 3), (8, 256, 4, 3)), "triton_moe.ROUTE_TOKENS": 16},
     ),
 }

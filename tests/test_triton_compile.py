@@ -63,16 +63,16 @@ RECORD = textwrap.dedent(
 
     interpreter.InterpretedFunction.run = recorded
     root = Path(tempfile.mkdtemp())
-    # dense attention; MLA and routed experts with shared ones; Gated DeltaNet
-    pairs = {family: write_pair(root, family) for family in ("qwen3", "deepseek_v3")}
+    # dense attention; MLA and routed experts with shared ones (group-limited routing, and Kimi's); Gated DeltaNet
+    pairs = {family: write_pair(root, family) for family in ("qwen3", "deepseek_v3", "kimi")}
     pairs["qwen3_next"] = (write_target("qwen3_next", root / "next"), write_drafter(root / "next-draft"))
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
     from specdeploy.engine import triton_gdn, triton_moe
-    # the Gated DeltaNet pair once more with its trees in the UT form; the MLA pair once more, one request
-    # (one token per AR step), with its experts as matrix-vector kernels and its routing in one kernel
-    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"]), ("deepseek_v3 one-token", pairs["deepseek_v3"])]
+    # the Gated DeltaNet pair once more with its trees in the UT form; the MLA pair with Kimi's routing once more,
+    # one request (one token per AR step), with its experts as matrix-vector kernels and its routing in one kernel
+    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"]), ("kimi one-token", pairs["kimi"])]
     for family, (target_dir, draft_dir) in variants:
         triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
         one_token = family.endswith(" one-token")
