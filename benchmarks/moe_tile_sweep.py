@@ -9,7 +9,7 @@ experts, activations) at the copy bandwidth measured in the same run. Writes JSO
     python benchmarks/moe_tile_sweep.py --shapes mla-moe-16b,kimi-like --tokens 1,17,65,257 --out sweep.json
 
 `--one-token` sweeps one token's step instead: the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at each tile
-shape of gate|up then of down, against the grouped-GEMM kernels' one-token mode; and the router as one kernel
+shape of gate|up then of down, against the grouped-GEMM kernels (with their plan); and the router as one kernel
 (`triton_moe.route`) at each experts-per-program against the float32 matrix product and `sigmoid_top_k`, each
 checked against that path's result. It prints the settings to pass to `benchmarks/with_moe_one_token.py`.
 """
@@ -21,6 +21,8 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -119,33 +121,48 @@ def best(rows: list[dict]) -> Tiles:
     return Tiles(*min((r for r in rows if "ms" in r), key=lambda r: r["ms"])["tiles"])
 
 
-def one_token_ms(workload: Workload, tiles: tuple[GemvTiles, GemvTiles] | None) -> float:
+@contextmanager
+def one_token(tiles: tuple[GemvTiles, GemvTiles] | None) -> Iterator[None]:
+    """`triton_moe.ONE_TOKEN` set to `tiles` (None: one token takes the grouped kernels) for the block."""
+    kept = triton_moe.ONE_TOKEN
     triton_moe.ONE_TOKEN = tiles
     try:
-        return graph_ms(workload, None)
+        yield
     finally:
-        triton_moe.ONE_TOKEN = None
+        triton_moe.ONE_TOKEN = kept
+
+
+def one_token_ms(workload: Workload, tiles: tuple[GemvTiles, GemvTiles] | None) -> float:
+    with one_token(tiles):
+        return graph_ms(workload, None)
 
 
 def sweep_one_token(workload: Workload) -> dict:
-    """One token's experts: the grouped-GEMM kernels' one-token mode, then the matrix-vector kernels' gate|up
-    tiles (down at a middle shape), then down's (gate|up at its best); each result checked against the first."""
-    want = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
-                     *workload.layers[0][2:])  # fmt: skip
-    entry: dict = {"grouped_ms": graph_ms(workload, None), "gate_up": [], "down": []}
+    """One token's experts: the grouped-GEMM kernels (with their plan), the default matrix-vector tiles, then
+    each gate|up tile (down at a middle shape), then down's (gate|up at its best); each result checked against
+    the grouped kernels'."""
+    with one_token(None):
+        want = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
+                         *workload.layers[0][2:])  # fmt: skip
+    default = triton_moe.ONE_TOKEN
+    entry: dict = {
+        "grouped_ms": one_token_ms(workload, None),
+        "default": [list(t) for t in default] if default else None,
+        "default_ms": one_token_ms(workload, default) if default else None,
+        "gate_up": [],
+        "down": [],
+    }
     middle = GemvTiles(16, 256, 4, 3)
 
     def measure(which: str, tiles: tuple[GemvTiles, GemvTiles]) -> None:
         row: dict = {"tiles": [list(t) for t in tiles]}
         try:
-            triton_moe.ONE_TOKEN = tiles
-            got = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
-                            *workload.layers[0][2:])  # fmt: skip
-            triton_moe.ONE_TOKEN = None
+            with one_token(tiles):
+                got = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
+                                *workload.layers[0][2:])  # fmt: skip
             row["max_abs_diff"] = (got.float() - want.float()).abs().max().item()
             row["ms"] = one_token_ms(workload, tiles)
         except Exception as error:  # a launch shape that does not compile or fit: recorded, the sweep goes on
-            triton_moe.ONE_TOKEN = None
             row["error"] = str(error).splitlines()[0][:120]
         entry[which].append(row)
 
@@ -223,7 +240,9 @@ def main_one_token(shapes: list[str], out: Path, result: dict) -> None:
         gate_up, down = ("x".join(str(v) for v in t) for t in moe["best"])
         print(
             f"{name} one token: roofline {roofline_ms:.4f} ms, grouped kernels {moe['grouped_ms']:.4f} ms "
-            f"({roofline_ms / moe['grouped_ms']:.0%}), matrix-vector {moe['best_ms']:.4f} ms "
+            f"({roofline_ms / moe['grouped_ms']:.0%}), matrix-vector at the default tiles "
+            + (f"{moe['default_ms']:.4f} ms, " if moe["default_ms"] else "none, ")
+            + f"fastest {moe['best_ms']:.4f} ms "
             f"({roofline_ms / moe['best_ms']:.0%}) at {gate_up}/{down}; router: matrix product + top-k "
             f"{router['torch_ms'] * 1e3:.1f} us, one kernel "
             + (
@@ -260,6 +279,7 @@ def main() -> None:
         result.update(gemv_shapes=GEMV_SHAPES, gemv_pipelines=GEMV_PIPELINES, route_blocks=ROUTE_BLOCKS)
         main_one_token(args.shapes.split(","), args.out, result)
         return
+    triton_moe.ONE_TOKEN = None  # this sweep times the grouped kernels, at one token too
     generator = torch.Generator().manual_seed(0)
     for name in args.shapes.split(","):
         target = get_shape(name).target

@@ -1,12 +1,13 @@
 """Run a benchmark script with one token's MoE kernels changed on CUDA (an A/B of the whole model).
 
+    python benchmarks/with_moe_one_token.py grouped,route1:0 benchmarks/ddtree_side_by_side.py ...
     python benchmarks/with_moe_one_token.py 16x256x4x3/8x256x4x3,route4 benchmarks/ddtree_side_by_side.py ...
 
-The settings, as `benchmarks/moe_tile_sweep.py --one-token` prints them: `NxKxWxS/NxKxWxS` runs one token's
-experts as the matrix-vector kernels with those gate|up and down tiles (`triton_moe.ONE_TOKEN`: columns per
-program, reduction tile, warps, stages); `routeE` routes up to ROUTE_TOKENS tokens in one kernel with E
-experts a program (`triton_moe.ROUTE_TOKENS`, `ROUTE_BLOCK_E`), `routeE:T` up to T tokens. Either may be given
-alone.
+Comma-separated settings, as `benchmarks/moe_tile_sweep.py --one-token` prints them: `NxKxWxS/NxKxWxS` runs one
+token's experts as the matrix-vector kernels with those gate|up and down tiles (`triton_moe.ONE_TOKEN`: columns
+per program, reduction tile, warps, stages), `grouped` as the grouped-GEMM kernels; `routeE` routes in one kernel
+with E experts a program (`triton_moe.ROUTE_BLOCK_E`), `routeE:T` up to T tokens (`triton_moe.ROUTE_TOKENS`; 0:
+the matrix product and `sigmoid_top_k` always).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine import triton_moe  # noqa: E402
 
-ROUTE_TOKENS = 16  # a batch-1 verify of a 16-token DFlash block and fewer
-
 
 def apply(settings: str) -> None:
     for part in settings.split(","):
-        if part.startswith("route"):
+        if part == "grouped":
+            triton_moe.ONE_TOKEN = None
+        elif part.startswith("route"):
             block_e, _, tokens = part.removeprefix("route").partition(":")
-            triton_moe.ROUTE_BLOCK_E, triton_moe.ROUTE_TOKENS = int(block_e), int(tokens or ROUTE_TOKENS)
+            triton_moe.ROUTE_BLOCK_E = int(block_e)
+            triton_moe.ROUTE_TOKENS = int(tokens or triton_moe.ROUTE_TOKENS)
         else:
             gate_up, down = (triton_moe.GemvTiles(*(int(n) for n in t.split("x"))) for t in part.split("/"))
             triton_moe.ONE_TOKEN = (gate_up, down)

@@ -20,7 +20,8 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "qwen3_next"]
+# kimi: DeepSeek-V3 with Kimi's routing (one group of experts), which runs in one kernel for up to 16 tokens
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3", "kimi", "qwen3_next"]
 MODES = [("dflash", None), ("ddtree", 4), ("ddtree", 32)]
 PROMPT = [3, 17, 9, 41, 5, 22, 8]
 
@@ -28,44 +29,23 @@ PROMPT = [3, 17, 9, 41, 5, 22, 8]
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-pairs")
-    families = FAMILIES + [family for family, _ in SETTINGS.values() if family not in FAMILIES]
-    return {family: write_pair(root, family, logit_scale=4.0) for family in families}
+    return {family: write_pair(root, family, logit_scale=4.0) for family in FAMILIES}
 
 
 def load(pair, dtype):
     return load_target(pair[0], "cuda", dtype), load_drafter(pair[1], "cuda", dtype)
 
 
-# Kernel settings that are off by default, each with the family whose kernels it changes: the Gated DeltaNet
-# trees in the UT form (AR steps walked); one token's experts as matrix-vector kernels and its routing in one
-# kernel (verify steps of up to 16 tokens routed so too), which takes Kimi's routing (one group of experts)
-SETTINGS = {
-    "qwen3_next-ut": ("qwen3_next", {"triton_gdn.TREE_UT": (32, 4)}),
-    "kimi-one-token-moe": (
-        "kimi",
-        {"triton_moe.ONE_TOKEN": ((16, 256, 4, 3), (8, 256, 4, 3)), "triton_moe.ROUTE_TOKENS": 16},
-    ),
-}
-
-
-def apply_settings(monkeypatch, settings: dict) -> None:
-    from specdeploy.engine import triton_gdn, triton_moe
-
-    modules = {"triton_gdn": triton_gdn, "triton_moe": triton_moe}
-    for key, value in settings.items():
-        module, name = key.split(".")
-        if name == "ONE_TOKEN":
-            value = tuple(triton_moe.GemvTiles(*tiles) for tiles in value)
-        monkeypatch.setattr(modules[module], name, value)
-
-
 @pytest.mark.parametrize(
-    ("family", "settings"),
-    [(f, {}) for f in FAMILIES] + list(SETTINGS.values()),
-    ids=list(FAMILIES) + list(SETTINGS),
+    ("family", "ut"),
+    [(f, None) for f in FAMILIES] + [("qwen3_next", (32, 4))],
+    ids=[*FAMILIES, "qwen3_next-ut"],
 )
-def test_fp32_cuda_modes_equal_ar_exactly(pairs, monkeypatch, family, settings):
-    apply_settings(monkeypatch, settings)
+def test_fp32_cuda_modes_equal_ar_exactly(pairs, monkeypatch, family, ut):
+    """`ut`: the Gated DeltaNet trees in the UT form (`triton_gdn.TREE_UT`), AR steps walked."""
+    from specdeploy.engine import triton_gdn
+
+    monkeypatch.setattr(triton_gdn, "TREE_UT", ut)
     torch.backends.cuda.matmul.allow_tf32 = False
     target, drafter = load(pairs[family], torch.float32)
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)

@@ -69,21 +69,18 @@ RECORD = textwrap.dedent(
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
-    from specdeploy.engine import triton_gdn, triton_moe
-    # the Gated DeltaNet pair once more with its trees in the UT form; the MLA pair with Kimi's routing once more,
-    # one request (one token per AR step), with its experts as matrix-vector kernels and its routing in one kernel
-    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"]), ("kimi one-token", pairs["kimi"])]
+    from specdeploy.engine import triton_gdn
+    # the Gated DeltaNet pair once more with its trees in the UT form; the pair with Kimi's routing with one
+    # request (one token per AR step: its experts as matrix-vector kernels, routed in one kernel)
+    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"])]
     for family, (target_dir, draft_dir) in variants:
         triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
-        one_token = family.endswith(" one-token")
-        triton_moe.ONE_TOKEN = (triton_moe.GemvTiles(16, 256, 4, 3), triton_moe.GemvTiles(8, 256, 4, 3)) if one_token else None
-        triton_moe.ROUTE_TOKENS = 16 if one_token else 0
         target = load_target(target_dir, dtype=torch.bfloat16)
         drafter = load_drafter(draft_dir, dtype=torch.bfloat16)
         # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
         engine = BatchEngine(target, drafter, "ddtree", 8, max_running=2, max_context=96,
                              policy=scripted_policy([8, 0, 5]), fixed_shapes=True)
-        requests = list(zip(prompts, params))[: 1 if one_token else None]
+        requests = list(zip(prompts, params))[: 1 if family == "kimi" else None]
         run(engine, [(i, p, q) for i, (p, q) in enumerate(requests)])
     print(json.dumps(list(launches.values())))
     """

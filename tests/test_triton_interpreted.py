@@ -128,25 +128,27 @@ CHECKS = textwrap.dedent(
             tiling = MoeTiling(32, Tiles(16, 128, 2, 4), Tiles(32, 16, 8, 3))
             close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights, tiling=tiling), want)
 
-    # one token's experts as the matrix-vector kernels: with and without shared experts, widths that are no
-    # multiple of the tiles, and the reduction over several tiles
+    # one token's experts as the matrix-vector kernels (their default tiles, and others), and as the grouped
+    # kernels: with and without shared experts, widths that are no multiple of the tiles, several reduction tiles
     from specdeploy.engine import triton_moe
     from specdeploy.engine.triton_moe import GemvTiles
 
+    default_tiles = triton_moe.ONE_TOKEN
+
     for experts, k, hidden, inter, shared_inter in ((8, 2, 64, 32, 64), (8, 3, 48, 40, 0), (16, 4, 300, 72, 144)):
         block = Experts(experts, hidden, inter)
-        block.w13.data.normal_(0, 0.2)
-        block.w2.data.normal_(0, 0.2)
+        block.w13.data.normal_(0, hidden**-0.5)  # outputs of order 1, as a model's, so float32 sums agree to 1e-5
+        block.w2.data.normal_(0, inter**-0.5)
         shared = SwiGLU(hidden, shared_inter) if shared_inter else None
         x, weights, indices = torch.randn(1, hidden), torch.rand(1, k), torch.randperm(experts)[:k][None]
         shared_weights = (shared.gate_up_proj.weight, shared.down_proj.weight) if shared else ()
         with torch.no_grad():
             want = block(x, weights, indices, shared)
-            for tiles in ((GemvTiles(16, 32, 4, 3), GemvTiles(8, 64, 2, 2)), (GemvTiles(4, 128, 4, 3),
-                                                                              GemvTiles(32, 16, 4, 1))):
+            for tiles in (default_tiles, (GemvTiles(16, 32, 4, 3), GemvTiles(8, 64, 2, 2)),
+                          (GemvTiles(4, 128, 4, 3), GemvTiles(32, 16, 4, 1)), None):
                 triton_moe.ONE_TOKEN = tiles
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
-    triton_moe.ONE_TOKEN = None
+    triton_moe.ONE_TOKEN = default_tiles
 
     # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
     from specdeploy.engine.models.rope import apply_rope

@@ -18,11 +18,17 @@ import triton
 import triton.language as tl
 
 EPS = 1e-6  # gated_delta_rule.l2norm's
-# The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and 4 warps. A
+# The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and TREE_WARPS. A
 # module setting so that a benchmark can time or run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
 TREE_TILES: tuple[int, int] | None = None
-# The UT form's launch shape, (value columns per program, warps); None: trees are walked. A module setting until
-# a GPU has measured which is faster where (benchmarks/gdn_tree_rule_tiles.py, benchmarks/with_gdn_tree_rule.py).
+# One warp per walk: on one H100 it took Qwen3.6-27B's budget-16/64/128 trees in 22/66/137 us against 34/113/245
+# at 4 warps, and tiny-hybrid's in 7.3/7.9/8.9 against 8.9/10.1/14.4 (32 columns a program; 16 as fast; results
+# in benchmarks/results/h100-2026-12-05-gdn-tiles/)
+TREE_WARPS = 1
+# The UT form's launch shape, (value columns per program, warps); None: trees are walked. Off: on that H100 it beat
+# the one-warp walk on Qwen3.6-27B's budget-16 and -64 test trees (14.7 against 22.0 us, 63.6 against 66.0) but
+# lost at budget 128 (214 against 137) and on tiny-hybrid's (42 against 7.9 at 65 tokens), and the 27B shape's
+# DDTree-64 step took 28.41 ms with it against 26.96 walked: its sweeps grow with the deepest path.
 TREE_UT: tuple[int, int] | None = None
 # tokens below the root the UT form takes: its [T, T] system lives in registers, and its products' operands in
 # shared memory (Triton's sm_90 build, BKC = 32: 53-66 KB at 64 tokens with TF32x3, 102-115 KB at 128, of 227 KB)
@@ -290,7 +296,7 @@ def tree_rule(
             BKC=min(32, max(bk, 16)), PRECISION=precision, num_warps=warps,
         )  # fmt: skip
         return out
-    bv, warps = TREE_TILES or (bv, 4)
+    bv, warps = TREE_TILES or (bv, TREE_WARPS)
     _tree_rule_kernel[(batch * tokens, heads, triton.cdiv(value_dim, bv))](
         *args, DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps
     )

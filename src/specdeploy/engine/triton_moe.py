@@ -9,10 +9,9 @@ and tree verify), and experts no token picked are never read. Shared experts are
 token picks with weight 1, read from their own tensors. Pairs are numbered routed first (token * k + slot),
 then one shared pair per token (N * k + token). Everything stays on the device (the block plan is one
 program sorting the pairs, or torch ops of fixed shapes for large prefills), so the step remains capturable
-in a CUDA graph. A single token (batch-1 decode) needs no plan: its experts are distinct, so each pair is
-its own block and the kernels read its expert from the routing. With `ONE_TOKEN` set, one token instead runs
-as two matrix-vector kernels without tensor cores (no block of 16 rows for one real row): gate|up per
-(expert, column tile), then down with the sum over the token's experts in the same program (one launch fewer).
+in a CUDA graph. A single token (batch-1 decode) needs no plan and no tensor cores (`ONE_TOKEN`): two
+matrix-vector kernels read its experts from the routing, gate|up per (expert, column tile), then down with the
+sum over the token's experts in the same program.
 
 Rounding follows the torch path in `moe.Experts` (projection outputs, SiLU and the weighted product round
 to the model dtype); the sum over a token's experts runs in float32 and rounds once.
@@ -53,9 +52,11 @@ class GemvTiles(NamedTuple):
     stages: int
 
 
-# One token's experts as matrix-vector kernels, (gate|up tiles, down tiles); None: the grouped-GEMM kernels in
-# their one-token mode. Off until a GPU has timed it (`benchmarks/moe_tile_sweep.py --one-token`).
-ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = None
+# One token's experts as matrix-vector kernels, (gate|up tiles, down tiles); None: the grouped-GEMM kernels, with
+# a plan. The fastest of `benchmarks/moe_tile_sweep.py --one-token` on one H100 at mla-moe-16b's widths: 0.0606 ms
+# a layer (76% of the copy bandwidth's roofline), as fast as the grouped kernels without a plan were (0.0612), with
+# the launch that summed the pairs gone (benchmarks/results/h100-2026-12-05-one-token-moe/).
+ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(16, 512, 4, 1), GemvTiles(4, 512, 8, 3))
 
 
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
@@ -78,23 +79,10 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _block_rows(
-    block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts,
-    BLOCK_M: tl.constexpr, DIRECT: tl.constexpr,
-):  # fmt: skip
-    """(expert, slots, pairs) of row block `block`: from the block plan, or, for one token (DIRECT), pair
-    `block` alone in its block (a token's experts are distinct, so no expert is read twice), its expert
-    read from the routing and the shared expert last."""
+def _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M: tl.constexpr):
+    """(expert, slots, pairs) of row block `block`, from the block plan."""
     slot = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    if DIRECT:
-        routed = block < routed_pairs
-        expert = tl.load(indices_ptr + tl.where(routed, block, 0)).to(tl.int32)
-        expert = tl.where(routed, expert, num_experts)
-        pair = tl.where(tl.arange(0, BLOCK_M) == 0, block, pairs)
-    else:
-        expert = tl.load(block_expert_ptr + block)
-        pair = tl.load(sorted_ptr + slot)
-    return expert, slot, pair
+    return tl.load(block_expert_ptr + block), slot, tl.load(sorted_ptr + slot)
 
 
 @triton.jit
@@ -104,16 +92,12 @@ def _gate_up_kernel(
     shared13_ptr,  # [2Is, H] shared experts' gate|up (unused without)
     sorted_ptr,  # [BLOCKS * BM] pair index in expert order; >= pairs marks padding
     block_expert_ptr,  # [BLOCKS] expert of each row block; >= experts (+1 with shared) marks unused blocks
-    indices_ptr,  # [N * k] routed experts of each routed pair (read in DIRECT mode only)
     out_ptr,  # [BLOCKS * BM, max(I, Is)] SiLU(gate) * up of each sorted row
     pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    DIRECT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
-    expert, slot, pair = _block_rows(
-        block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts, BLOCK_M, DIRECT
-    )
+    expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
         return
     if expert < num_experts:
@@ -161,17 +145,13 @@ def _down_kernel(
     shared2_ptr,  # [H, Is] shared experts' down
     sorted_ptr,
     block_expert_ptr,
-    indices_ptr,
     weight_ptr,  # [N, k] routing weight of each routed pair (shared pairs weigh 1)
     out_ptr,  # [pairs, H] float32: each pair's weighted expert output
     pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    DIRECT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
-    expert, slot, pair = _block_rows(
-        block, sorted_ptr, block_expert_ptr, indices_ptr, pairs, routed_pairs, num_experts, BLOCK_M, DIRECT
-    )
+    expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
         return
     if expert < num_experts:
@@ -405,34 +385,31 @@ def fused_moe(
     indices = indices.contiguous()
     if tokens == 1 and ONE_TOKEN is not None:
         return _one_token_moe(x, w13, w2, weights, indices, shared13, shared2, has_shared, ONE_TOKEN)
-    direct = tokens == 1  # each pair its own block: no plan to build (one launch fewer per decode step)
-    if direct:
-        sorted_pairs = block_expert = indices  # unread
-    elif pairs <= PLAN_PAIRS:
+    if pairs <= PLAN_PAIRS:
         sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
     else:
         picks = indices.flatten()
         if has_shared:
             picks = torch.cat([picks, picks.new_full((tokens,), num_experts)])
         sorted_pairs, block_expert = block_plan(picks, total, block_m)
-    blocks = pairs if direct else block_expert.numel()
+    blocks = block_expert.numel()
     x = x.contiguous()
     weights = weights.contiguous()
     widest = max(inter, shared_inter)
     act = torch.empty(blocks * block_m, widest, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32  # float32 stays exact: Triton's default float32 dot rounds to TF32
     _gate_up_kernel[(blocks, triton.cdiv(widest, gate_up.block_n))](
-        x, w13, shared13, sorted_pairs, block_expert, indices, act,
+        x, w13, shared13, sorted_pairs, block_expert, act,
         pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total, w13.stride(0),
         act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee, DIRECT=direct,
+        BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee,
         num_warps=gate_up.warps, num_stages=gate_up.stages,
     )  # fmt: skip
     per_pair = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
-        act, w2, shared2, sorted_pairs, block_expert, indices, weights, per_pair,
+        act, w2, shared2, sorted_pairs, block_expert, weights, per_pair,
         pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total, w2.stride(0), act.stride(0),
-        BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee, DIRECT=direct,
+        BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee,
         num_warps=down.warps, num_stages=down.stages,
     )  # fmt: skip
     out = torch.empty_like(x)
@@ -552,10 +529,12 @@ def sigmoid_top_k(
 
 
 # The most tokens the router runs as `route` (one kernel; each token reads the router's weight, from L2 after the
-# first, where a matrix product reads it once for all); 0: always the matrix product and `sigmoid_top_k`. Off
-# until a GPU has timed it.
-ROUTE_TOKENS = 0
-ROUTE_BLOCK_E = 4  # experts per program: 16 programs for mla-moe-16b's 64 experts, 96 for Kimi's 384
+# first, where a matrix product reads it once for all); 0: always the matrix product and `sigmoid_top_k`. On one
+# H100 at mla-moe-16b's widths `route` took 4.8 us against their 9.1 at one token (one expert a program; 6.9 us at
+# two, 8.4 at four), and the shape's DFlash step (9-token verify) fell from 7.17 to 6.91 ms with both one-token
+# changes (benchmarks/results/h100-2026-12-05-one-token-moe/); 16 and fewer: a DFlash block's verify.
+ROUTE_TOKENS = 16
+ROUTE_BLOCK_E = 1  # experts per program
 _done_counts: dict[torch.device, torch.Tensor] = {}
 
 
