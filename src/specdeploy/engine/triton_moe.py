@@ -531,7 +531,7 @@ def sigmoid_top_k(
 # The most tokens the router runs as `route` (one kernel; each token reads the router's weight, from L2 after the
 # first, where a matrix product reads it once for all); 0: always the matrix product and `sigmoid_top_k`. On one
 # H100 at mla-moe-16b's widths `route` took 4.8 us against their 9.1 at one token (one expert a program; 6.9 us at
-# two, 8.4 at four), and the shape's DFlash step (9-token verify) fell from 7.17 to 6.91 ms with both one-token
+# two, 8.4 at four), and the shape's DFlash step (8-token verify) fell from 7.17 to 6.91 ms with both one-token
 # changes (benchmarks/results/h100-2026-12-05-one-token-moe/); 16 and fewer: a DFlash block's verify.
 ROUTE_TOKENS = 16
 ROUTE_BLOCK_E = 1  # experts per program
