@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -39,6 +41,28 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     else:
         torch.testing.assert_close(got.float(), want.float(), atol=1e-3, rtol=2**-7)
+
+
+@contextmanager
+def torch_paths() -> Iterator[None]:
+    """Every Triton kernel off for the block: the torch code they replace."""
+    ops._triton_kernels.cache_clear()
+    os.environ["SPECDEPLOY_TRITON"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("SPECDEPLOY_TRITON")
+        ops._triton_kernels.cache_clear()
+
+
+def assert_same_routing(
+    got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """(weights, experts) of each token: the same experts, in any order, with the same weights."""
+    (got_weights, got), (want_weights, want) = got, want
+    (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+    assert torch.equal(got, want)
+    close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -173,13 +197,8 @@ def test_triton_attention_equals_sdpa(tokens, window, width, value_width):
     batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(1, tokens, dtype=torch.long),
                          visible, window + 64)  # fmt: skip
     got = triton().masked_attention(q, keys, values, visible, width**-0.5)
-    ops._triton_kernels.cache_clear()
-    os.environ["SPECDEPLOY_TRITON"] = "0"
-    try:
+    with torch_paths():
         want = layers.attend_folded(q, keys, values, batch, width**-0.5)  # SDPA with an additive mask
-    finally:
-        os.environ.pop("SPECDEPLOY_TRITON")
-        ops._triton_kernels.cache_clear()
     close(got, want)
 
 
@@ -246,17 +265,10 @@ def test_one_kernel_routing_equals_the_router_ops():
         router.weight.normal_(generator=gen)
         router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
         x = torch.randn(300, 256, generator=gen)
-        got_weights, got = router(x)  # the kernel
-        ops._triton_kernels.cache_clear()
-        os.environ["SPECDEPLOY_TRITON"] = "0"
-        try:
-            want_weights, want = router(x)
-        finally:
-            os.environ.pop("SPECDEPLOY_TRITON")
-            ops._triton_kernels.cache_clear()
-    (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
-    assert torch.equal(got, want)
-    close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+        got = router(x)  # the kernel
+        with torch_paths():
+            want = router(x)
+    assert_same_routing(got, want)
 
 
 @pytest.mark.parametrize(
@@ -320,20 +332,12 @@ def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(
             triton_moe.route(x, router.weight, *args)  # eager first: compiles, allocates the done-counts
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                got_weights, got = triton_moe.route(x, router.weight, *args)
+                got = triton_moe.route(x, router.weight, *args)
             for _ in range(3):
                 x.copy_(torch.randn(tokens, hidden, generator=gen))
                 graph.replay()
-                ops._triton_kernels.cache_clear()
-                os.environ["SPECDEPLOY_TRITON"] = "0"
-                try:
-                    want_weights, want = router(x)
-                finally:
-                    os.environ.pop("SPECDEPLOY_TRITON")
-                    ops._triton_kernels.cache_clear()
-                (want, want_order), (sorted_got, got_order) = want.sort(dim=1), got.sort(dim=1)
-                assert torch.equal(sorted_got, want), tokens
-                close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+                with torch_paths():
+                    assert_same_routing(got, router(x))
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3"])
@@ -354,13 +358,8 @@ def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
         return first, second
 
     got = logits()
-    ops._triton_kernels.cache_clear()
-    os.environ["SPECDEPLOY_TRITON"] = "0"
-    try:
+    with torch_paths():
         want = logits()
-    finally:
-        os.environ.pop("SPECDEPLOY_TRITON")
-        ops._triton_kernels.cache_clear()
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
