@@ -211,7 +211,7 @@ def sweep_router(target: dict, generator: torch.Generator) -> dict:
             row["same_experts"] = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
             row["ms"] = graph_replay_ms(lambda b=block_e: kernel(b)) / ROUTER_COPIES
             # replayed from the graph: the done-counts went back to zero after every call
-            row["counts_reset"] = bool((triton_moe._done_counts[x.device] == 0).all())
+            row["counts_reset"] = not triton_moe.done_counts(x.device, 1).any()
         except Exception as error:
             row["error"] = str(error).splitlines()[0][:120]
         entry["route"].append(row)

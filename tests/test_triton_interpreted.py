@@ -206,7 +206,11 @@ CHECKS = textwrap.dedent(
             (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
             assert torch.equal(got, want), (experts, got, want)
             close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
-            assert not triton_moe._done_counts[x.device].any()
+            assert not any(counts.any() for counts in triton_moe._done_counts[x.device])
+    # more tokens than the counters held: larger ones are added and the first stay (a CUDA graph may use them)
+    first = triton_moe.done_counts(x.device, 1)
+    assert triton_moe.done_counts(x.device, first.numel() + 1) is not first
+    assert triton_moe._done_counts[x.device][0] is first
 
     # Gated DeltaNet over draft trees: every token along its own root path, then the accepted path replayed
     import random

@@ -535,7 +535,20 @@ def sigmoid_top_k(
 # changes (benchmarks/results/h100-2026-12-05-one-token-moe/); 16 and fewer: a DFlash block's verify.
 ROUTE_TOKENS = 16
 ROUTE_BLOCK_E = 1  # experts per program
-_done_counts: dict[torch.device, torch.Tensor] = {}
+# Each device's done-counts, the largest last: a larger one is added when more tokens come, and the smaller
+# ones stay, since CUDA graphs captured with them go on using their memory.
+_done_counts: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def done_counts(device: torch.device, tokens: int) -> torch.Tensor:
+    """Zeroed int32 counters for `tokens` tokens on `device` (each kernel call leaves them at zero)."""
+    kept = _done_counts.setdefault(device, [])
+    if not kept or kept[-1].numel() < tokens:
+        # under capture the memory would be the graph's: graphs.py then runs the stage eagerly
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("route: the done-counts are allocated in an eager call, not under capture")
+        kept.append(torch.zeros(max(tokens, ROUTE_TOKENS, 1), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 def route(
@@ -552,11 +565,7 @@ def route(
     experts. In a CUDA graph the done-counts are the tensor allocated on the first (eager) call."""
     tokens, hidden = x.shape
     experts = router.shape[0]
-    counts = _done_counts.get(x.device)
-    if counts is None or counts.numel() < tokens:
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # graphs.py then runs the stage eagerly
-            raise RuntimeError("route: the done-counts are allocated in an eager call, not under capture")
-        counts = _done_counts[x.device] = torch.zeros(max(tokens, 16), dtype=torch.int32, device=x.device)
+    counts = done_counts(x.device, tokens)
     logits = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
     indices = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
