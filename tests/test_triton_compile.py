@@ -63,15 +63,17 @@ RECORD = textwrap.dedent(
 
     interpreter.InterpretedFunction.run = recorded
     root = Path(tempfile.mkdtemp())
-    # dense attention; MLA and routed experts with shared ones (group-limited routing, and Kimi's); Gated DeltaNet
-    pairs = {family: write_pair(root, family) for family in ("qwen3", "deepseek_v3", "kimi")}
+    # dense attention; routed experts without shared ones; MLA and routed experts with shared ones (group-limited
+    # routing, and Kimi's); Gated DeltaNet
+    pairs = {family: write_pair(root, family) for family in ("qwen3", "qwen3_moe", "deepseek_v3", "kimi")}
     pairs["qwen3_next"] = (write_target("qwen3_next", root / "next"), write_drafter(root / "next-draft"))
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
     from specdeploy.engine import triton_gdn
-    # the Gated DeltaNet pair once more with its trees in the UT form; the pair with Kimi's routing with one
-    # request (one token per AR step: its experts as matrix-vector kernels, routed in one kernel)
+    # the Gated DeltaNet pair once more with its trees in the UT form; the Kimi-routed and Qwen3-MoE pairs with
+    # one request (one token per AR step: the experts as matrix-vector kernels, with and without shared ones;
+    # Kimi's routed in one kernel)
     variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"])]
     for family, (target_dir, draft_dir) in variants:
         triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
@@ -80,7 +82,7 @@ RECORD = textwrap.dedent(
         # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
         engine = BatchEngine(target, drafter, "ddtree", 8, max_running=2, max_context=96,
                              policy=scripted_policy([8, 0, 5]), fixed_shapes=True)
-        requests = list(zip(prompts, params))[: 1 if family == "kimi" else None]
+        requests = list(zip(prompts, params))[: 1 if family in ("kimi", "qwen3_moe") else None]
         run(engine, [(i, p, q) for i, (p, q) in enumerate(requests)])
     print(json.dumps(list(launches.values())))
     """
