@@ -89,9 +89,13 @@ class Workload:
         )
         self.union = sum(unions) / copies / experts
 
+    def layer(self, i: int, tiling: MoeTiling | None = None) -> torch.Tensor:
+        w13, w2, s13, s2 = self.layers[i]
+        return fused_moe(self.x, w13, w2, self.weights[i], self.indices[i], s13, s2, tiling)
+
     def call(self, tiling: MoeTiling | None) -> None:
-        for i, (w13, w2, s13, s2) in enumerate(self.layers):
-            fused_moe(self.x, w13, w2, self.weights[i], self.indices[i], s13, s2, tiling)
+        for i in range(len(self.layers)):
+            self.layer(i, tiling)
 
 
 def graph_ms(workload: Workload, tiling: MoeTiling | None) -> float:
@@ -142,8 +146,7 @@ def sweep_one_token(workload: Workload) -> dict:
     each gate|up tile (down at a middle shape), then down's (gate|up at its best); each result checked against
     the grouped kernels'."""
     with one_token(None):
-        want = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
-                         *workload.layers[0][2:])  # fmt: skip
+        want = workload.layer(0)
     default = triton_moe.ONE_TOKEN
     entry: dict = {
         "grouped_ms": one_token_ms(workload, None),
@@ -158,8 +161,7 @@ def sweep_one_token(workload: Workload) -> dict:
         row: dict = {"tiles": [list(t) for t in tiles]}
         try:
             with one_token(tiles):
-                got = fused_moe(workload.x, *workload.layers[0][:2], workload.weights[0], workload.indices[0],
-                                *workload.layers[0][2:])  # fmt: skip
+                got = workload.layer(0)
             row["max_abs_diff"] = (got.float() - want.float()).abs().max().item()
             row["ms"] = one_token_ms(workload, tiles)
         except Exception as error:  # a launch shape that does not compile or fit: recorded, the sweep goes on

@@ -369,7 +369,8 @@ def fused_moe(
 ) -> torch.Tensor:
     """sum_k weights[n, k] * expert_{indices[n, k]}(x[n]) (+ the shared experts' SwiGLU) for x [N, H],
     w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], shared13 [2Is, H], shared2 [H, Is] -> [N, H].
-    `tiling` overrides `default_tiling` (benchmarks/moe_tile_sweep.py measures the choices)."""
+    `tiling` overrides `default_tiling` (benchmarks/moe_tile_sweep.py measures the choices); one token takes
+    the `ONE_TOKEN` kernels instead when that is set."""
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = indices.shape[1]
@@ -378,13 +379,13 @@ def fused_moe(
         shared_inter = shared2.shape[1]
     else:
         shared13, shared2, shared_inter = w13, w2, 0
+    indices = indices.contiguous()
+    if tokens == 1 and ONE_TOKEN is not None:
+        return _one_token_moe(x, w13, w2, weights, indices, shared13, shared2, has_shared, ONE_TOKEN)
     routed_pairs = tokens * top_k
     pairs = routed_pairs + tokens * has_shared
     total = num_experts + int(has_shared)
     block_m, gate_up, down = tiling or default_tiling(pairs, total, hidden)
-    indices = indices.contiguous()
-    if tokens == 1 and ONE_TOKEN is not None:
-        return _one_token_moe(x, w13, w2, weights, indices, shared13, shared2, has_shared, ONE_TOKEN)
     if pairs <= PLAN_PAIRS:
         sorted_pairs, block_expert = kernel_plan(indices, pairs, num_experts, total, block_m)
     else:
