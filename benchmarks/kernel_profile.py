@@ -1,8 +1,9 @@
 """Where a decoding step's device time goes, kernel by kernel, on random weights of a named shape.
 
 Runs each mode's stages eagerly (the kernels a CUDA graph replays are the same) under torch.profiler and
-prints the kernels by total device time per step, plus two ceilings measured in the same run: a GEMV of
-the shape's largest projection against the copy bandwidth, and a decode attention call.
+prints the kernels by device time per decoding step (a prefill-only generation's kernels subtracted), plus
+two ceilings measured in the same run: a GEMV of the shape's largest projection against the copy bandwidth,
+and a decode attention call.
 
     python benchmarks/kernel_profile.py --shape qwen3-8b --modes ar,ddtree-64 --out profile.json
     python benchmarks/kernel_profile.py --pair zoo:tiny-hybrid --prompt-tokens 64 --modes ar,ddtree-64 --out p.json
@@ -57,19 +58,31 @@ def ceilings(hidden: int, inter: int) -> dict:
     }
 
 
-def kernel_table(decoder: Decoder, prompt: list[int], steps: int) -> list[dict]:
-    params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True)
+def profiled(
+    decoder: Decoder, prompt: list[int], new_tokens: int
+) -> tuple[dict[str, tuple[int, float]], int]:
+    """Kernel name -> (launches, device us) of one generation, and its verify steps."""
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     decoder.generate(prompt, params)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         result = decoder.generate(prompt, params)
     torch.cuda.synchronize()
-    per_step = max(result.num_steps, 1)
+    kernels = {e.key[:90]: (e.count, e.self_device_time_total) for e in prof.key_averages()}
+    return kernels, result.num_steps
+
+
+def kernel_table(decoder: Decoder, prompt: list[int], steps: int) -> list[dict]:
+    """Kernels per decoding step: a generation of `steps` steps less one that only prefills, so the
+    prefill's kernels drop out."""
+    prefill, prefill_steps = profiled(decoder, prompt, 1)
+    full, full_steps = profiled(decoder, prompt, steps + 1)
+    per_step = max(full_steps - prefill_steps, 1)
     rows = []
-    for event in prof.key_averages():
-        device_us = event.self_device_time_total
-        if device_us > 0:
-            rows.append({"kernel": event.key[:90], "calls_per_step": event.count / per_step,
-                         "us_per_step": device_us / per_step})  # fmt: skip
+    for name, (count, device_us) in full.items():
+        count0, device_us0 = prefill.get(name, (0, 0.0))
+        if device_us - device_us0 > 0:
+            rows.append({"kernel": name, "calls_per_step": (count - count0) / per_step,
+                         "us_per_step": (device_us - device_us0) / per_step})  # fmt: skip
     return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
