@@ -340,6 +340,32 @@ def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(
                     assert_same_routing(got, router(x))
 
 
+@pytest.mark.parametrize(("tokens", "window"), [(1, 640), (4, 640), (65, 1024), (257, 768)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_attention_with_the_value_up_projection_equals_sdpa_and_einsum(tokens, window, dtype):
+    """Kimi's widths (64 heads, latent 512 + 64, values 128): the splits' combine that maps each head's output
+    out through kv_b_proj's value half, against SDPA and torch's batched matmul."""
+    from specdeploy.engine.forward_batch import ForwardBatch
+    from specdeploy.engine.models import layers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    heads, latent, width = 64, 512, 576
+    with torch.device("cuda"):
+        q = torch.randn(1, 1, heads, tokens, width, generator=gen).to(dtype)
+        k_cache = torch.randn(1, window + 64, 1, width, generator=gen).to(dtype)
+        up = (torch.randn(heads, 256, latent, generator=gen) / latent**0.5).to(dtype)
+        visible = torch.rand(1, tokens, window, generator=gen) < 0.5
+    visible[:, :, 0] = True
+    keys = k_cache[:, :window]
+    batch = ForwardBatch(torch.zeros(1, tokens, dtype=torch.long), torch.zeros(1, tokens, dtype=torch.long),
+                         visible, window + 64)  # fmt: skip
+    got = triton().masked_attention(q, keys, keys[..., :latent], visible, width**-0.5, value_up=up[:, 128:])
+    with torch_paths():
+        want = layers.attend_folded(q, keys, keys[..., :latent], batch, width**-0.5, up[:, 128:])
+    close(got, want)
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the
@@ -374,7 +400,7 @@ def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
     with torch.device("cuda"):
         proj = torch.randn(1, tokens, 1536 + latent + rope_dim, generator=gen).bfloat16()
         q = torch.randn(1, tokens, heads, nope + rope_dim, generator=gen).bfloat16()
-        absorbed = torch.randn(1, tokens, heads, latent, generator=gen).bfloat16()
+        key_up = (torch.randn(heads, nope + 128, latent, generator=gen) / nope**0.5).bfloat16()[:, :nope]
         weight = (1 + 0.1 * torch.randn(latent, generator=gen)).bfloat16()
         # the module computes its frequencies on the CPU (as at load time); moved like a model's buffers
         rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 5e4}, rope_dim, 4096).to("cuda")(
@@ -383,12 +409,13 @@ def test_mla_query_entry_equals_torch_at_kimi_widths(tokens):
         slots = torch.randperm(capacity, generator=gen)[:tokens]
         cache = torch.zeros(capacity, 1, latent + rope_dim, dtype=torch.bfloat16)
     kv = proj[..., 1536:]
-    got = mla_query_entry(absorbed, q[..., nope:], kv, weight, 1e-6, *rope, slots, cache, True)
+    got = mla_query_entry(q, key_up, kv, weight, 1e-6, *rope, slots, cache, True)
 
     def torch_path(cast: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [t.to(cast) for t in (absorbed, q[..., nope:], kv, weight, *rope)]
-        absorbed_c, q_rope, kv_c, weight_c, cos, sin = parts
-        query = torch.cat([absorbed_c, apply_rope(q_rope, (cos, sin), True)], dim=-1)
+        parts = [t.to(cast) for t in (q, key_up, kv, weight, *rope)]
+        q_c, key_up_c, kv_c, weight_c, cos, sin = parts
+        absorbed = torch.einsum("bthn,hnr->bthr", q_c[..., :nope], key_up_c)
+        query = torch.cat([absorbed, apply_rope(q_c[..., nope:], (cos, sin), True)], dim=-1)
         entry = torch.cat([ops.torch_rms_norm(kv_c[..., :latent], weight_c, 1e-6)[:, :, None],
                            apply_rope(kv_c[..., None, latent:], (cos, sin), True)], dim=-1)  # fmt: skip
         cache = torch.zeros(capacity, 1, latent + rope_dim, dtype=cast, device="cuda")

@@ -95,6 +95,13 @@ CHECKS = textwrap.dedent(
             for tiles in (tk.AttentionTiles(32, 16, 8, 3), tk.AttentionTiles(64, 64, 4, 2)):
                 close(tk.masked_attention(q, keys, values, visible, 0.1, tiles),
                       attend_folded(q, keys, values, batch, 0.1))
+            # each head's output mapped out through its value up-projection (a view into kv_b_proj's weight)
+            # in the splits' combine: several splits and one, value widths in one block and in two, the second
+            # partial
+            for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 64, 4, 2)), (16, None)):
+                value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
+                close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
+                      attend_folded(q, keys, values, batch, 0.1, value_up))
 
     # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)
@@ -150,21 +157,25 @@ CHECKS = textwrap.dedent(
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
     triton_moe.ONE_TOKEN = default_tiles
 
-    # MLA's query and cache entry around the absorbed attention (DeepSeek's interleaved rope pairs, and not)
+    # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and
+    # cache entry: DeepSeek's interleaved rope pairs and not, nope widths padded for the product and not, more
+    # (batch row, token) rows than one block of 16
     from specdeploy.engine.models.rope import apply_rope
     from specdeploy.engine.triton_mla import mla_query_entry
 
-    B, T, H, NOPE, L, R, C = 2, 3, 4, 8, 32, 16, 8
-    for interleaved in (True, False):
+    H, L, R, V, C = 4, 32, 16, 8, 16
+    for (B, T, NOPE), interleaved in (((2, 3, 8), True), ((2, 3, 16), False), ((3, 7, 24), True)):
         proj = torch.randn(B, T, H * (NOPE + R) + L + R + 5)  # query | latent | rope key | (another part)
         q, kv = proj[..., : H * (NOPE + R)].view(B, T, H, NOPE + R), proj[..., H * (NOPE + R) : -5]
-        absorbed, weight = torch.randn(B, T, H, L), 1 + 0.1 * torch.randn(L)
+        key_up = torch.randn(H, NOPE + V, L)[:, :NOPE] / NOPE**0.5
+        weight = 1 + 0.1 * torch.randn(L)
         rope = RotaryEmbedding({"rope_type": "default", "rope_theta": 1e4}, R, 512)(
             torch.randint(0, 100, (B, T)), torch.float32
         )
         slots = torch.randperm(B * C)[: B * T]
         caches = [torch.zeros(B * C, 1, L + R) for _ in range(2)]
-        got = mla_query_entry(absorbed, q[..., NOPE:], kv, weight, 1e-6, *rope, slots, caches[0], interleaved)
+        got = mla_query_entry(q, key_up, kv, weight, 1e-6, *rope, slots, caches[0], interleaved)
+        absorbed = torch.einsum("bthn,hnr->bthr", q[..., :NOPE], key_up)
         want = torch.cat([absorbed, apply_rope(q[..., NOPE:], rope, interleaved)], dim=-1)
         entry = torch.cat([ops.torch_rms_norm(kv[..., :L], weight, 1e-6)[:, :, None],
                            apply_rope(kv[..., None, L:], rope, interleaved)], dim=-1)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_mla import combine_up
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -715,11 +717,15 @@ def masked_attention(
     visible: torch.Tensor,
     scale: float,
     tiles: AttentionTiles | None = None,
+    value_up: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of folded queries q [B, Hkv, G, T, D] over the cache window keys [B, S, Hkv, D] and values
     [B, S, Hkv, Dv] where visible [B|1, T, S] allows -> [B, T, Hkv * G * Dv]. Long windows are split over
     several programs (flash-decoding) so that one query still keeps the GPU busy. `tiles` overrides
-    `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices)."""
+    `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices).
+
+    MLA (one latent head, Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: the splits' combine
+    then maps each head's output out through it -> [B, T, G * V] (`triton_mla.combine_up`)."""
     batch, kv_heads, group, tokens, width = q.shape
     window, value_dim = keys.shape[1], values.shape[-1]
     rows = group * tokens
@@ -731,13 +737,14 @@ def masked_attention(
     splits = max(1, min(triton.cdiv(264, programs), triton.cdiv(window, block_n)))
     split_len = triton.cdiv(triton.cdiv(window, splits), block_n) * block_n
     splits = triton.cdiv(window, split_len)
+    if value_up is not None and kv_heads != 1:
+        raise ValueError("a value up-projection follows MLA's single latent head only")
     q = q.reshape(batch, kv_heads, rows, width)
     if q.stride(-1) != 1 or not q.is_contiguous():
         q = q.contiguous()
-    out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
-    single = splits == 1
-    pow_splits = 1 << (splits - 1).bit_length()
+    single = splits == 1 and value_up is None
     if single:
+        out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
         parts = maxes = sums = out
     else:
         parts = torch.empty(splits, batch * kv_heads, rows, value_dim, device=q.device)
@@ -758,9 +765,12 @@ def masked_attention(
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
         KEYS_ARE_VALUES=keys_are_values, num_warps=warps, num_stages=stages,
     )  # fmt: skip
+    if value_up is not None:
+        return combine_up(parts, maxes, sums, value_up, tokens)
     if not single:
+        out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
         _combine_splits_kernel[(batch * kv_heads * rows,)](
             parts, maxes, sums, out, batch * kv_heads * rows, rows, tokens, kv_heads, splits,
-            SPLITS=pow_splits, DV=value_dim, num_warps=4,
+            SPLITS=1 << (splits - 1).bit_length(), DV=value_dim, num_warps=4,
         )  # fmt: skip
     return out

@@ -1,10 +1,17 @@
-"""MLA's small steps around the absorbed attention in one Triton kernel on CUDA.
+"""MLA's steps around the absorbed attention as Triton kernels on CUDA: two launches where torch takes a dozen.
 
-Per token it builds each head's latent-space query ([query already mapped into the latent by kv_b_proj's key
-half | its rotated rope part]) and the cache entry ([RMS-normalised kv latent | rotated shared rope key])
-stored at the token's slot: in the torch path that is two RoPEs (each a regroup of DeepSeek's interleaved
-pairs, two products and a sum), a norm, two concatenations and a cache copy. Rounding follows the torch
-path step by step (the norm as `ops.rms_norm`, RoPE as `rope.apply_rope` in the model dtype).
+`mla_query_entry`, before the attention: per token it maps each head's query into the latent (its nope part
+times kv_b_proj's key half, the "absorbed" query), rotates the rope part, and stores the cache entry
+[RMS-normalised kv latent | rotated shared rope key] at the token's slot. In torch that is a batched matmul,
+two RoPEs (each a regroup of DeepSeek's interleaved pairs, two products and a sum), a norm, two
+concatenations and a cache copy.
+
+`combine_up`, after the attention's splits: it combines each head's flash-decoding splits into the attended
+latent, rounds it to the model dtype as the attention's output would be, and maps it out through
+kv_b_proj's value half: torch's combine and batched matmul in one launch.
+
+Rounding follows the torch path step by step (the norm as `ops.rms_norm`, RoPE as `rope.apply_rope` in the
+model dtype, each product accumulated in float32 and rounded once).
 """
 
 from __future__ import annotations
@@ -40,9 +47,17 @@ def _rotate(source, cos_ptr, sin_ptr, dtype: tl.constexpr, R: tl.constexpr, INTE
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b accumulated in float32; float32 inputs exactly (Triton's default float32 dot rounds to TF32)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _mla_query_entry_kernel(
-    absorbed_ptr,  # [B, T, H, L] queries mapped into the latent (contiguous)
-    q_ptr,  # the rope part of the queries: head h of row r at q_ptr + r * q_row + h * q_head
+    q_ptr,  # the queries: head h of row r at q_ptr + r * q_row + h * q_head, [nope (nope_dim) | rope (R)]
+    up_ptr,  # kv_b_proj's key half: head h, nope channel n at up_ptr + h * up_head + n * L
     kv_ptr,  # [latent (L) | rope key (R)] of row r at kv_ptr + r * kv_row
     norm_ptr,  # [L] the latent's RMSNorm weight
     cos_ptr,  # [B|1, T, R]
@@ -50,24 +65,45 @@ def _mla_query_entry_kernel(
     slot_ptr,  # [B * T] flat cache slot of each row
     query_ptr,  # [B, T, H, L + R] out
     cache_ptr,  # [B * capacity, L + R] flat cache entries
-    q_row, q_head, kv_row, stride_cos_batch, tokens, heads, eps,
-    L: tl.constexpr, R: tl.constexpr, INTERLEAVED: tl.constexpr,
+    q_row, q_head, up_head, kv_row, stride_cos_batch, tokens, rows, heads, nope_dim, eps,
+    NOPE: tl.constexpr, L: tl.constexpr, R: tl.constexpr, INTERLEAVED: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
-    head = tl.program_id(1)  # the query heads, then one program for the cache entry
+    program = tl.program_id(0)
+    dtype = query_ptr.dtype.element_ty
+    latent_blocks: tl.constexpr = L // BLOCK_L
+    absorbing = heads * latent_blocks  # the first programs: one (head, latent block) each, over all rows
+    if program < absorbing:
+        head = program // latent_blocks
+        lat = (program % latent_blocks) * BLOCK_L + tl.arange(0, BLOCK_L)
+        nope = tl.arange(0, NOPE)  # the nope width, padded to a power of two of at least 16 for the product
+        nope_ok = nope < nope_dim
+        # the key half's block is read once and serves every row, as the batched matmul reads it
+        key_up = tl.load(up_ptr + head.to(tl.int64) * up_head + nope[:, None] * L + lat[None, :],
+                         mask=nope_ok[:, None], other=0.0)  # fmt: skip
+        for start in range(0, rows, BLOCK_T):
+            row = start + tl.arange(0, BLOCK_T)
+            row_ok = row < rows
+            q_nope = tl.load(q_ptr + row[:, None].to(tl.int64) * q_row + head * q_head + nope[None, :],
+                             mask=row_ok[:, None] & nope_ok[None, :], other=0.0)  # fmt: skip
+            absorbed = _dot(q_nope, key_up, IEEE)
+            out = query_ptr + (row[:, None] * heads + head).to(tl.int64) * (L + R) + lat[None, :]
+            tl.store(out, absorbed.to(dtype), mask=row_ok[:, None])
+        return
+    index = program - absorbing  # then one program per (row, head) rotates, and one per row stores the entry
+    row = index // (heads + 1)
+    head = index % (heads + 1)
     b = row // tokens
     t = row % tokens
-    dtype = query_ptr.dtype.element_ty
     cos = cos_ptr + b * stride_cos_batch + t * R
     sin = sin_ptr + b * stride_cos_batch + t * R
-    lat = tl.arange(0, L)
     rot = tl.arange(0, R)
     if head < heads:
         out = query_ptr + (row * heads + head).to(tl.int64) * (L + R)
-        tl.store(out + lat, tl.load(absorbed_ptr + (row * heads + head).to(tl.int64) * L + lat))
-        rotated = _rotate(q_ptr + row.to(tl.int64) * q_row + head * q_head, cos, sin, dtype, R, INTERLEAVED)
-        tl.store(out + L + rot, rotated.to(dtype))
+        source = q_ptr + row.to(tl.int64) * q_row + head * q_head + nope_dim
+        tl.store(out + L + rot, _rotate(source, cos, sin, dtype, R, INTERLEAVED).to(dtype))
     else:
+        lat = tl.arange(0, L)
         source = kv_ptr + row.to(tl.int64) * kv_row
         x = tl.load(source + lat).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, axis=0) / L + eps)
@@ -78,6 +114,47 @@ def _mla_query_entry_kernel(
         tl.store(entry + L + rot, rotated.to(cache_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _combine_up_kernel(
+    part_ptr,  # [SPLITS, B, M, L] float32: each split's unnormalised attended latent, M = heads * tokens
+    max_ptr,  # [SPLITS, B, M] each split's running max
+    sum_ptr,  # [SPLITS, B, M] each split's softmax denominator
+    up_ptr,  # kv_b_proj's value half: head h, value channel v at up_ptr + h * up_head + v * L
+    out_ptr,  # [B, T, H * V] out
+    splits, split_stride, tokens, rows, heads, up_head, value_dim,
+    L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    value_blocks = tl.cdiv(value_dim, BLOCK_V)
+    head = tl.program_id(0) // value_blocks
+    v = (tl.program_id(0) % value_blocks) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = v < value_dim
+    lat = tl.arange(0, L)
+    dtype = out_ptr.dtype.element_ty
+    value_up = tl.load(up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :],
+                       mask=v_ok[:, None], other=0.0)  # fmt: skip
+    for start in range(0, rows, BLOCK_T):
+        row = start + tl.arange(0, BLOCK_T)  # flat (batch row, token)
+        row_ok = row < rows
+        at = (row // tokens * heads + head) * tokens + row % tokens  # this head's query row in its batch row
+        top = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        for split in range(splits):
+            top = tl.maximum(top, tl.load(max_ptr + split * split_stride + at, mask=row_ok, other=0.0))
+        total = tl.zeros([BLOCK_T], tl.float32)
+        acc = tl.zeros([BLOCK_T, L], tl.float32)
+        for split in range(splits):
+            maxes = tl.load(max_ptr + split * split_stride + at, mask=row_ok, other=0.0)
+            weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - top))
+            total += weight * tl.load(sum_ptr + split * split_stride + at, mask=row_ok, other=0.0)
+            part = tl.load(part_ptr + (split * split_stride + at)[:, None].to(tl.int64) * L + lat[None, :],
+                           mask=row_ok[:, None], other=0.0)  # fmt: skip
+            acc += weight[:, None] * part
+        # rounded as the attention's output is before torch's batched matmul reads it
+        attended = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(dtype)
+        out = _dot(attended, tl.trans(value_up), IEEE)
+        at_out = out_ptr + (row[:, None] * heads + head).to(tl.int64) * value_dim + v[None, :]
+        tl.store(at_out, out.to(dtype), mask=row_ok[:, None] & v_ok[None, :])
+
+
 def _rows(x: torch.Tensor) -> int:
     """Row stride of a [B, T, ...] view whose (B, T) rows are evenly spaced."""
     if x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1):
@@ -86,8 +163,8 @@ def _rows(x: torch.Tensor) -> int:
 
 
 def mla_query_entry(
-    absorbed: torch.Tensor,
-    q_rope: torch.Tensor,
+    q: torch.Tensor,
+    key_up: torch.Tensor,
     kv: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
@@ -97,18 +174,43 @@ def mla_query_entry(
     cache: torch.Tensor,
     interleaved: bool,
 ) -> torch.Tensor:
-    """absorbed [B, T, H, L], q_rope [B, T, H, R] (a view), kv [B, T, L + R] (a view) -> the query
-    [B, T, H, L + R] = [absorbed | rope(q_rope)]; [rms_norm(latent) | rope(key)] stored at `flat_slots` of
-    cache [B * capacity, 1, L + R]."""
-    batch, tokens, heads, latent = absorbed.shape
-    rope = q_rope.shape[-1]
-    if q_rope.stride(-1) != 1 or kv.stride(-1) != 1:
+    """q [B, T, H, nope + R] (a view), key_up [H, nope, L] (kv_b_proj's key half), kv [B, T, L + R] (a view)
+    -> the query [B, T, H, L + R] = [q_nope @ key_up | rope(q_rope)]; [rms_norm(latent) | rope(key)] stored at
+    `flat_slots` of cache [B * capacity, 1, L + R]."""
+    batch, tokens, heads, width = q.shape
+    nope, latent = key_up.shape[1:]
+    rope = width - nope
+    if q.stride(-1) != 1 or kv.stride(-1) != 1 or key_up.stride(-1) != 1 or key_up.stride(1) != latent:
         raise ValueError("the projection views must be contiguous in their last dimension")
-    query = torch.empty(batch, tokens, heads, latent + rope, dtype=absorbed.dtype, device=absorbed.device)
+    query = torch.empty(batch, tokens, heads, latent + rope, dtype=q.dtype, device=q.device)
     cos, sin = cos.contiguous(), sin.contiguous()
-    _mla_query_entry_kernel[(batch * tokens, heads + 1)](
-        absorbed.contiguous(), q_rope, kv, norm_weight, cos, sin, flat_slots, query, cache,
-        _rows(q_rope), q_rope.stride(2), _rows(kv), cos.stride(0) if cos.shape[0] > 1 else 0, tokens, heads, eps,
-        L=latent, R=rope, INTERLEAVED=interleaved, num_warps=4,
+    block_l = min(64, latent)
+    rows = batch * tokens
+    _mla_query_entry_kernel[(heads * (latent // block_l) + rows * (heads + 1),)](
+        q, key_up, kv, norm_weight, cos, sin, flat_slots, query, cache,
+        _rows(q), q.stride(2), key_up.stride(0), _rows(kv), cos.stride(0) if cos.shape[0] > 1 else 0,
+        tokens, rows, heads, nope, eps,
+        NOPE=max(16, triton.next_power_of_2(nope)), L=latent, R=rope, INTERLEAVED=interleaved,
+        BLOCK_T=16, BLOCK_L=block_l, IEEE=q.dtype == torch.float32, num_warps=4,
     )  # fmt: skip
     return query
+
+
+def combine_up(
+    parts: torch.Tensor, maxes: torch.Tensor, sums: torch.Tensor, value_up: torch.Tensor, tokens: int
+) -> torch.Tensor:
+    """The attention's splits parts [S, B, H * T, L], maxes and sums [S, B, H * T] (MLA's one latent head,
+    query rows head-major) and value_up [H, V, L] (kv_b_proj's value half) -> [B, T, H * V] in value_up's
+    dtype: each head's attended latent, rounded to that dtype, times its value up-projection."""
+    splits, batch, head_rows, latent = parts.shape
+    heads, value, _ = value_up.shape
+    if value_up.stride(-1) != 1 or value_up.stride(1) != latent:
+        raise ValueError("the value up-projection must be [H, V, L] with contiguous rows")
+    out = torch.empty(batch, tokens, heads * value, dtype=value_up.dtype, device=parts.device)
+    block_v = 32 if value >= 32 else 16  # the product's columns: at least 16
+    _combine_up_kernel[(heads * triton.cdiv(value, block_v),)](
+        parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, batch * tokens, heads,
+        value_up.stride(0), value, L=latent, BLOCK_T=16, BLOCK_V=block_v,
+        IEEE=value_up.dtype == torch.float32, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -25,8 +25,9 @@ from specdeploy.errors import SpecdeployError
 
 
 def triton_mla_fits(latent: int, rope: int) -> bool:
-    """Widths the MLA query/entry kernel takes (powers of two, as DeepSeek's and Kimi's 512 and 64)."""
-    return all(n >= 2 and not n & (n - 1) for n in (latent, rope))
+    """Widths the MLA query/entry kernel takes: powers of two, the latent at least 16 for its matrix product
+    (DeepSeek's and Kimi's 512 and 64)."""
+    return latent >= 16 and all(n >= 2 and not n & (n - 1) for n in (latent, rope))
 
 
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
@@ -95,28 +96,28 @@ class MultiLatentAttention(nn.Module):
         q, kv = self.input_proj(x).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
         if self.q_lora_rank is not None:
             q = self.q_b_proj(self.q_a_layernorm(q))
-        q_nope, q_rot = q.view(b, tokens, self.heads, -1).split([self.nope_dim, self.rope_dim], -1)
+        q = q.view(b, tokens, self.heads, -1)
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
-        absorbed = torch.einsum("bthn,hnr->bthr", q_nope, key_up)
         if ops.triton_kernels_for(x) is not None and triton_mla_fits(self.kv_lora_rank, self.rope_dim):
             from specdeploy.engine.triton_mla import mla_query_entry
 
             norm = self.kv_a_layernorm
             query = mla_query_entry(
-                absorbed, q_rot, kv, norm.weight, norm.eps, *batch.rope, batch.flat_slots,
+                q, key_up, kv, norm.weight, norm.eps, *batch.rope, batch.flat_slots,
                 cache.flat_entry(self.layer_idx)[0], self.interleaved,
             )  # fmt: skip
         else:
+            q_nope, q_rot = q.split([self.nope_dim, self.rope_dim], -1)
             latent, k_rot = kv.split([self.kv_lora_rank, self.rope_dim], -1)
             k_rot = apply_rope(k_rot[:, :, None], batch.rope, self.interleaved)
             entry = torch.cat([self.kv_a_layernorm(latent)[:, :, None], k_rot], dim=-1)
             cache.store(self.layer_idx, batch.flat_slots, entry)
+            absorbed = torch.einsum("bthn,hnr->bthr", q_nope, key_up)
             query = torch.cat([absorbed, apply_rope(q_rot, batch.rope, self.interleaved)], dim=-1)
         keys = batch.view(cache.entry(self.layer_idx)[0])
-        out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale)
-        out = torch.einsum("bthr,hvr->bthv", out.view(b, tokens, self.heads, -1), value_up)
-        return self.o_proj(out.reshape(b, tokens, -1))
+        out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale, value_up)
+        return self.o_proj(out)
 
 
 class GroupLimitedRouter(nn.Module):

@@ -76,28 +76,41 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], stri
 
 
 def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    value_up: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of q [B, T, H, D] over keys [B, S, Hkv, D] and values [B, S, Hkv, Dv] -> [B, T, H * Dv]."""
+    """Attention of q [B, T, H, D] over keys [B, S, Hkv, D] and values [B, S, Hkv, Dv] -> [B, T, H * Dv]
+    (MLA's value_up: see `attend_folded`)."""
     b, tokens, heads, dim = q.shape
     kv_heads = keys.shape[2]
     folded = q.view(b, tokens, kv_heads, heads // kv_heads, dim).permute(0, 2, 3, 1, 4)
-    return attend_folded(folded, keys, values, batch, scale)
+    return attend_folded(folded, keys, values, batch, scale, value_up)
 
 
 def attend_folded(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    value_up: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of queries folded by key head, q [B, Hkv, G, T, D], over keys [B, S, Hkv, D] and values
     [B, S, Hkv, Dv] -> [B, T, Hkv * G * Dv] (query head h = key head * G + g, as GQA pairs them).
 
     Folding each key head's G query heads into the query axis ([B, Hkv, G*T, D]) instead of repeating keys
-    and values serves MHA, GQA and MLA's single latent head with one call on every SDPA backend.
+    and values serves MHA, GQA and MLA's single latent head with one call on every SDPA backend. MLA
+    (Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: each head's output is then mapped out
+    through it -> [B, T, G * V], on CUDA by the attention's last kernel.
     """
     kernels = ops.triton_kernels_for(q)
     if kernels is not None and kernels.masked_attention_fits(q.shape[-1], values.shape[-1]):
-        # one launch that reads the boolean mask itself (flash-decoding splits)
-        return kernels.masked_attention(q, keys, values, batch.visible, scale)
+        # one launch that reads the boolean mask itself (flash-decoding splits), one that combines them
+        return kernels.masked_attention(q, keys, values, batch.visible, scale, value_up=value_up)
     b, kv_heads, group, tokens, dim = q.shape
     value_dim = values.shape[-1]
     out = F.scaled_dot_product_attention(
@@ -107,7 +120,10 @@ def attend_folded(
         attn_mask=batch.attention_bias(group, q.dtype),
         scale=scale,
     )
-    return out.view(b, kv_heads, group, tokens, value_dim).permute(0, 3, 1, 2, 4).reshape(b, tokens, -1)
+    out = out.view(b, kv_heads, group, tokens, value_dim).permute(0, 3, 1, 2, 4)
+    if value_up is not None:
+        out = torch.einsum("bthr,hvr->bthv", out.reshape(b, tokens, group, value_dim), value_up)
+    return out.reshape(b, tokens, -1)
 
 
 class SwiGLU(nn.Module):
