@@ -51,10 +51,18 @@ TILE_SHAPES = list(itertools.product((16, 32, 64, 128), (64, 128, 256)))
 PIPELINES = ((2, 4), (4, 5), (8, 3), (8, 5))  # (warps, stages) then tried on the best tile shape
 BLOCK_ROWS = (16, 32, 64)  # rows per block of the plan, tried last with the tuned tiles
 WEIGHT_BYTES_PER_SET = 8 << 30  # copies of a layer's experts, up to this many bytes in all
-GEMV_SHAPES = list(
-    itertools.product((4, 8, 16, 32), (128, 256, 512))
-)  # (block_n, block_k), 4 warps, 3 stages
-GEMV_PIPELINES = ((2, 3), (8, 3), (4, 1), (4, 2), (4, 4))  # (warps, stages) then tried on the best shape
+# (block_n, block_k), 4 warps, 3 stages; a tile of at most 8192 values, whose float32 sums fit in registers
+GEMV_SHAPES = [
+    (n, k) for n, k in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024, 2048)) if n * k <= 8192
+]
+GEMV_PIPELINES = (
+    (2, 3),
+    (8, 3),
+    (4, 1),
+    (8, 1),
+    (4, 2),
+    (4, 4),
+)  # (warps, stages) then tried on the best shape
 ROUTE_BLOCKS = (1, 2, 4, 8, 16)  # experts per program of the one-kernel router
 ROUTER_COPIES = 16  # router weights per timed call, so that L2 does not hold the one read
 

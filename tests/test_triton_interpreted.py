@@ -80,7 +80,7 @@ CHECKS = textwrap.dedent(
 
     # masked attention: GQA decode (split over the window), a tree verify, MLA's 48 = 32 + 16 key width
     for b, kv, group, tokens, width, value_width, window, latent in (
-        (1, 2, 4, 1, 64, 64, 256, False), (2, 2, 2, 5, 32, 32, 128, False), (1, 1, 4, 3, 48, 32, 64, True),
+        (1, 2, 4, 1, 64, 64, 256, False), (2, 2, 2, 5, 32, 32, 128, False), (1, 1, 4, 3, 48, 32, 160, True),
     ):
         q = torch.randn(b, kv, group, tokens, width)
         k_cache = torch.randn(b, window + 64, kv, width)
@@ -95,13 +95,20 @@ CHECKS = textwrap.dedent(
             for tiles in (tk.AttentionTiles(32, 16, 8, 3), tk.AttentionTiles(64, 64, 4, 2)):
                 close(tk.masked_attention(q, keys, values, visible, 0.1, tiles),
                       attend_folded(q, keys, values, batch, 0.1))
-            # each head's output mapped out through its value up-projection (a view into kv_b_proj's weight)
-            # in the splits' combine: several splits and one, value widths in one block and in two, the second
-            # partial
-            for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 64, 4, 2)), (16, None)):
-                value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
-                close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
-                      attend_folded(q, keys, values, batch, 0.1, value_up))
+            # each head's output mapped out through its value up-projection (a view into kv_b_proj's weight),
+            # in the splits' combine and (no rows allowed there) by a matmul after it: one split, 3, and 10 (two
+            # loads of 8); value widths in one block and in two, the second partial
+            from specdeploy.engine import triton_mla
+
+            kept = triton_mla.COMBINE_UP_ROWS
+            for rows in (kept, 0):
+                triton_mla.COMBINE_UP_ROWS = rows
+                for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 256, 4, 2)),
+                                         (16, tk.AttentionTiles(16, 16, 4, 2))):
+                    value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
+                    close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
+                          attend_folded(q, keys, values, batch, 0.1, value_up))
+            triton_mla.COMBINE_UP_ROWS = kept
 
     # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdeploy.engine.triton_mla import combine_up
+from specdeploy.engine import triton_mla
 
 
 @triton.jit
@@ -724,8 +724,8 @@ def masked_attention(
     several programs (flash-decoding) so that one query still keeps the GPU busy. `tiles` overrides
     `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices).
 
-    MLA (one latent head, Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: the splits' combine
-    then maps each head's output out through it -> [B, T, G * V] (`triton_mla.combine_up`)."""
+    MLA (one latent head, Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: each head's output is
+    mapped out through it -> [B, T, G * V], for a few rows in the splits' combine (`triton_mla.combine_up`)."""
     batch, kv_heads, group, tokens, width = q.shape
     window, value_dim = keys.shape[1], values.shape[-1]
     rows = group * tokens
@@ -742,7 +742,9 @@ def masked_attention(
     q = q.reshape(batch, kv_heads, rows, width)
     if q.stride(-1) != 1 or not q.is_contiguous():
         q = q.contiguous()
-    single = splits == 1 and value_up is None
+    # a few rows map their output out through value_up in the splits' combine; more take a batched matmul after it
+    up_in_combine = value_up is not None and batch * tokens <= triton_mla.COMBINE_UP_ROWS
+    single = splits == 1 and not up_in_combine
     if single:
         out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
         parts = maxes = sums = out
@@ -765,12 +767,15 @@ def masked_attention(
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
         KEYS_ARE_VALUES=keys_are_values, num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    if value_up is not None:
-        return combine_up(parts, maxes, sums, value_up, tokens)
+    if up_in_combine:
+        return triton_mla.combine_up(parts, maxes, sums, value_up, tokens)
     if not single:
         out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)
         _combine_splits_kernel[(batch * kv_heads * rows,)](
             parts, maxes, sums, out, batch * kv_heads * rows, rows, tokens, kv_heads, splits,
             SPLITS=1 << (splits - 1).bit_length(), DV=value_dim, num_warps=4,
         )  # fmt: skip
+    if value_up is not None:
+        out = torch.einsum("btgr,gvr->btgv", out.view(batch, tokens, group, value_dim), value_up)
+        return out.reshape(batch, tokens, -1)
     return out

@@ -114,6 +114,11 @@ def _mla_query_entry_kernel(
         tl.store(entry + L + rot, rotated.to(cache_ptr.dtype.element_ty))
 
 
+# the attention's output rows up to which `combine_up` maps them out in its combine; more rows take the combine and a
+# batched matmul, which reads each head's value up-projection once for all rows
+COMBINE_UP_ROWS = 8
+
+
 @triton.jit
 def _combine_up_kernel(
     part_ptr,  # [SPLITS, B, M, L] float32: each split's unnormalised attended latent, M = heads * tokens
@@ -121,38 +126,43 @@ def _combine_up_kernel(
     sum_ptr,  # [SPLITS, B, M] each split's softmax denominator
     up_ptr,  # kv_b_proj's value half: head h, value channel v at up_ptr + h * up_head + v * L
     out_ptr,  # [B, T, H * V] out
-    splits, split_stride, tokens, rows, heads, up_head, value_dim,
-    L: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
+    splits, split_stride, tokens, heads, up_head, value_dim,
+    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     value_blocks = tl.cdiv(value_dim, BLOCK_V)
     head = tl.program_id(0) // value_blocks
     v = (tl.program_id(0) % value_blocks) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = v < value_dim
+    row = tl.program_id(1)  # flat (batch row, token)
+    at = (row // tokens * heads + head) * tokens + row % tokens  # this head's query row in its batch row
     lat = tl.arange(0, L)
+    s = tl.arange(0, BLOCK_S)
     dtype = out_ptr.dtype.element_ty
+    # BLOCK_S splits a load, so that a window's splits take few round trips to memory
+    top = tl.max(tl.load(max_ptr + s * split_stride + at, mask=s < splits, other=float("-inf")), axis=0)
+    for start in range(BLOCK_S, splits, BLOCK_S):
+        maxes = tl.load(
+            max_ptr + (start + s) * split_stride + at, mask=start + s < splits, other=float("-inf")
+        )
+        top = tl.maximum(top, tl.max(maxes, axis=0))
+    total = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([L], tl.float32)
+    for start in range(0, splits, BLOCK_S):
+        split = start + s
+        ok = split < splits
+        maxes = tl.load(max_ptr + split * split_stride + at, mask=ok, other=float("-inf"))
+        weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - top))
+        total += weight * tl.load(sum_ptr + split * split_stride + at, mask=ok, other=0.0)
+        parts = tl.load(part_ptr + (split * split_stride + at)[:, None].to(tl.int64) * L + lat[None, :],
+                        mask=ok[:, None], other=0.0)  # fmt: skip
+        acc += tl.sum(parts * weight[:, None], axis=0)
+    denominator = tl.sum(total, axis=0)
+    # rounded as the attention's output is before torch's batched matmul reads it
+    attended = (acc / tl.where(denominator > 0, denominator, 1.0)).to(dtype).to(tl.float32)
     value_up = tl.load(up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :],
                        mask=v_ok[:, None], other=0.0)  # fmt: skip
-    for start in range(0, rows, BLOCK_T):
-        row = start + tl.arange(0, BLOCK_T)  # flat (batch row, token)
-        row_ok = row < rows
-        at = (row // tokens * heads + head) * tokens + row % tokens  # this head's query row in its batch row
-        top = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        for split in range(splits):
-            top = tl.maximum(top, tl.load(max_ptr + split * split_stride + at, mask=row_ok, other=0.0))
-        total = tl.zeros([BLOCK_T], tl.float32)
-        acc = tl.zeros([BLOCK_T, L], tl.float32)
-        for split in range(splits):
-            maxes = tl.load(max_ptr + split * split_stride + at, mask=row_ok, other=0.0)
-            weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - top))
-            total += weight * tl.load(sum_ptr + split * split_stride + at, mask=row_ok, other=0.0)
-            part = tl.load(part_ptr + (split * split_stride + at)[:, None].to(tl.int64) * L + lat[None, :],
-                           mask=row_ok[:, None], other=0.0)  # fmt: skip
-            acc += weight[:, None] * part
-        # rounded as the attention's output is before torch's batched matmul reads it
-        attended = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(dtype)
-        out = _dot(attended, tl.trans(value_up), IEEE)
-        at_out = out_ptr + (row[:, None] * heads + head).to(tl.int64) * value_dim + v[None, :]
-        tl.store(at_out, out.to(dtype), mask=row_ok[:, None] & v_ok[None, :])
+    out = tl.sum(value_up.to(tl.float32) * attended[None, :], axis=1)
+    tl.store(out_ptr + (row * heads + head).to(tl.int64) * value_dim + v, out.to(dtype), mask=v_ok)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -201,16 +211,16 @@ def combine_up(
 ) -> torch.Tensor:
     """The attention's splits parts [S, B, H * T, L], maxes and sums [S, B, H * T] (MLA's one latent head,
     query rows head-major) and value_up [H, V, L] (kv_b_proj's value half) -> [B, T, H * V] in value_up's
-    dtype: each head's attended latent, rounded to that dtype, times its value up-projection."""
+    dtype: each head's attended latent, rounded to that dtype, times its value up-projection. One program per
+    (head, block of value channels, row): for up to `COMBINE_UP_ROWS` rows, as each re-reads its block."""
     splits, batch, head_rows, latent = parts.shape
     heads, value, _ = value_up.shape
     if value_up.stride(-1) != 1 or value_up.stride(1) != latent:
         raise ValueError("the value up-projection must be [H, V, L] with contiguous rows")
     out = torch.empty(batch, tokens, heads * value, dtype=value_up.dtype, device=parts.device)
-    block_v = 32 if value >= 32 else 16  # the product's columns: at least 16
-    _combine_up_kernel[(heads * triton.cdiv(value, block_v),)](
-        parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, batch * tokens, heads,
-        value_up.stride(0), value, L=latent, BLOCK_T=16, BLOCK_V=block_v,
-        IEEE=value_up.dtype == torch.float32, num_warps=4,
+    block_v = min(32, triton.next_power_of_2(value))
+    _combine_up_kernel[(heads * triton.cdiv(value, block_v), batch * tokens)](
+        parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, heads, value_up.stride(0), value,
+        L=latent, BLOCK_S=min(8, triton.next_power_of_2(splits)), BLOCK_V=block_v, num_warps=8,
     )  # fmt: skip
     return out
