@@ -80,7 +80,7 @@ CHECKS = textwrap.dedent(
 
     # masked attention: GQA decode (split over the window), a tree verify, MLA's 48 = 32 + 16 key width
     for b, kv, group, tokens, width, value_width, window, latent in (
-        (1, 2, 4, 1, 64, 64, 256, False), (2, 2, 2, 5, 32, 32, 128, False), (1, 1, 4, 3, 48, 32, 160, True),
+        (1, 2, 4, 1, 64, 64, 256, False), (2, 2, 2, 5, 32, 32, 128, False), (1, 1, 4, 3, 48, 32, 640, True),
     ):
         q = torch.randn(b, kv, group, tokens, width)
         k_cache = torch.randn(b, window + 64, kv, width)
@@ -96,14 +96,14 @@ CHECKS = textwrap.dedent(
                 close(tk.masked_attention(q, keys, values, visible, 0.1, tiles),
                       attend_folded(q, keys, values, batch, 0.1))
             # each head's output mapped out through its value up-projection (a view into kv_b_proj's weight),
-            # in the splits' combine and (no rows allowed there) by a matmul after it: one split, 3, and 10 (two
-            # loads of 8); value widths in one block and in two, the second partial
+            # in the splits' combine and (no rows allowed there) by a matmul after it: one split, 10, and 40 (two
+            # loads of 32); value widths in one block and in two, the second partial
             from specdeploy.engine import triton_mla
 
             kept = triton_mla.COMBINE_UP_ROWS
             for rows in (kept, 0):
                 triton_mla.COMBINE_UP_ROWS = rows
-                for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 256, 4, 2)),
+                for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 1024, 4, 2)),
                                          (16, tk.AttentionTiles(16, 16, 4, 2))):
                     value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
                     close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
@@ -163,6 +163,18 @@ CHECKS = textwrap.dedent(
                 triton_moe.ONE_TOKEN = tiles
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
     triton_moe.ONE_TOKEN = default_tiles
+
+    # one token's dense projection as the matrix-vector kernel: widths no multiple of the tiles, several
+    # reduction tiles, a [1, 1, in] row as the models pass it
+    from specdeploy.engine.triton_moe import linear_one_token
+
+    default_linear = triton_moe.ONE_TOKEN_LINEAR
+    for out_features, in_features in ((37, 300), (64, 2100)):
+        weight, x = torch.randn(out_features, in_features) / in_features**0.5, torch.randn(1, 1, in_features)
+        for tiles in (default_linear, GemvTiles(8, 128, 4, 3), GemvTiles(2, 1024, 2, 1)):
+            triton_moe.ONE_TOKEN_LINEAR = tiles
+            close(linear_one_token(x, weight), torch.nn.functional.linear(x, weight))
+    triton_moe.ONE_TOKEN_LINEAR = default_linear
 
     # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and
     # cache entry: DeepSeek's interleaved rope pairs and not, nope widths padded for the product and not, more

@@ -138,27 +138,26 @@ def _combine_up_kernel(
     lat = tl.arange(0, L)
     s = tl.arange(0, BLOCK_S)
     dtype = out_ptr.dtype.element_ty
-    # BLOCK_S splits a load, so that a window's splits take few round trips to memory
-    top = tl.max(tl.load(max_ptr + s * split_stride + at, mask=s < splits, other=float("-inf")), axis=0)
-    for start in range(BLOCK_S, splits, BLOCK_S):
-        maxes = tl.load(
-            max_ptr + (start + s) * split_stride + at, mask=start + s < splits, other=float("-inf")
-        )
-        top = tl.maximum(top, tl.max(maxes, axis=0))
-    total = tl.zeros([BLOCK_S], tl.float32)
+    # BLOCK_S splits a load (all of a short window's), merged into the running ones as flash-decoding merges
+    top = tl.full([1], float("-inf"), tl.float32)
+    total = tl.zeros([1], tl.float32)
     acc = tl.zeros([L], tl.float32)
     for start in range(0, splits, BLOCK_S):
         split = start + s
         ok = split < splits
         maxes = tl.load(max_ptr + split * split_stride + at, mask=ok, other=float("-inf"))
-        weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - top))
-        total += weight * tl.load(sum_ptr + split * split_stride + at, mask=ok, other=0.0)
+        sums = tl.load(sum_ptr + split * split_stride + at, mask=ok, other=0.0)
         parts = tl.load(part_ptr + (split * split_stride + at)[:, None].to(tl.int64) * L + lat[None, :],
                         mask=ok[:, None], other=0.0)  # fmt: skip
-        acc += tl.sum(parts * weight[:, None], axis=0)
-    denominator = tl.sum(total, axis=0)
+        new_top = tl.maximum(top, tl.max(maxes, axis=0))
+        safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)  # nothing seen yet
+        rescale = tl.exp(top - safe_top)
+        weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - safe_top))
+        total = total * rescale + tl.sum(weight * sums, axis=0)
+        acc = acc * rescale + tl.sum(parts * weight[:, None], axis=0)
+        top = new_top
     # rounded as the attention's output is before torch's batched matmul reads it
-    attended = (acc / tl.where(denominator > 0, denominator, 1.0)).to(dtype).to(tl.float32)
+    attended = (acc / tl.where(total > 0, total, 1.0)).to(dtype).to(tl.float32)
     value_up = tl.load(up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :],
                        mask=v_ok[:, None], other=0.0)  # fmt: skip
     out = tl.sum(value_up.to(tl.float32) * attended[None, :], axis=1)
@@ -221,6 +220,6 @@ def combine_up(
     block_v = min(32, triton.next_power_of_2(value))
     _combine_up_kernel[(heads * triton.cdiv(value, block_v), batch * tokens)](
         parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, heads, value_up.stride(0), value,
-        L=latent, BLOCK_S=min(8, triton.next_power_of_2(splits)), BLOCK_V=block_v, num_warps=8,
+        L=latent, BLOCK_S=min(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, num_warps=8,
     )  # fmt: skip
     return out
