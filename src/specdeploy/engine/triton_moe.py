@@ -604,9 +604,11 @@ def route(
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
     indices = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
     block_e = block_e or ROUTE_BLOCK_E
+    # up to 2048 router values a load: a program's loads are a chain of round trips to memory, so fewer is faster
+    block_k = max(256, min(triton.next_power_of_2(hidden), 2048 // block_e))
     _route_kernel[(tokens, triton.cdiv(experts, block_e))](
         x.contiguous(), router, bias, logits, weights, indices, counts, experts, hidden, scale,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
-        BLOCK_E=block_e, BLOCK_K=256, num_warps=4,
+        BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
     )  # fmt: skip
     return weights, indices
