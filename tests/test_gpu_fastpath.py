@@ -380,22 +380,6 @@ def test_mla_attention_with_the_value_up_projection_equals_sdpa_and_einsum(token
         assert (got.float() - exact).abs().max() <= 2 * (want.float() - exact).abs().max()
 
 
-@pytest.mark.parametrize(
-    ("out_features", "in_features"), [(3648, 2048), (2048, 2048), (2112, 7168), (7168, 8192)]
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_token_linear_equals_f_linear(out_features, in_features, dtype):
-    """mla-moe-16b's and Kimi's one-token projections (input, output; Kimi's q_a|kv_a and o_proj)."""
-    from specdeploy.engine.triton_moe import linear_one_token
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    gen = torch.Generator(device="cuda").manual_seed(in_features)
-    with torch.device("cuda"):
-        weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
-        x = torch.randn(1, 1, in_features, generator=gen).to(dtype)
-    close(linear_one_token(x, weight), torch.nn.functional.linear(x, weight))
-
-
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the

@@ -101,7 +101,7 @@ CHECKS = textwrap.dedent(
             from specdeploy.engine import triton_mla
 
             kept = triton_mla.COMBINE_UP_ROWS
-            for rows in (kept, 0):
+            for rows in (b * tokens, 0):
                 triton_mla.COMBINE_UP_ROWS = rows
                 for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 1024, 4, 2)),
                                          (16, tk.AttentionTiles(16, 16, 4, 2))):
@@ -164,17 +164,6 @@ CHECKS = textwrap.dedent(
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
     triton_moe.ONE_TOKEN = default_tiles
 
-    # one token's dense projection as the matrix-vector kernel: widths no multiple of the tiles, several
-    # reduction tiles, a [1, 1, in] row as the models pass it
-    from specdeploy.engine.triton_moe import linear_one_token
-
-    default_linear = triton_moe.ONE_TOKEN_LINEAR
-    for out_features, in_features in ((37, 300), (64, 2100)):
-        weight, x = torch.randn(out_features, in_features) / in_features**0.5, torch.randn(1, 1, in_features)
-        for tiles in (default_linear, GemvTiles(8, 128, 4, 3), GemvTiles(2, 1024, 2, 1)):
-            triton_moe.ONE_TOKEN_LINEAR = tiles
-            close(linear_one_token(x, weight), torch.nn.functional.linear(x, weight))
-    triton_moe.ONE_TOKEN_LINEAR = default_linear
 
     # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and
     # cache entry: DeepSeek's interleaved rope pairs and not, nope widths padded for the product and not, more

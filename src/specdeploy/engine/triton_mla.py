@@ -114,9 +114,11 @@ def _mla_query_entry_kernel(
         tl.store(entry + L + rot, rotated.to(cache_ptr.dtype.element_ty))
 
 
-# the attention's output rows up to which `combine_up` maps them out in its combine; more rows take the combine and a
-# batched matmul, which reads each head's value up-projection once for all rows
-COMBINE_UP_ROWS = 8
+# The attention's output rows up to which `combine_up` maps them out in its combine; more rows take the combine
+# and a batched matmul, which reads each head's value up-projection once for all rows. On one H100, mla-moe-16b's
+# AR verify took 2.78 ms with one row there against 2.83 without; DFlash's 8-row verify 6.34 ms with 8 rows there
+# against 5.85 without (benchmarks/results/h200-2026-12-05-mla-fusions/call-3-h100/).
+COMBINE_UP_ROWS = 1
 
 
 @triton.jit

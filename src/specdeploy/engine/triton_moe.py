@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -59,11 +58,6 @@ class GemvTiles(NamedTuple):
 # (16x512 / 4x512) 0.0491: a whole 2048-wide row a load keeps enough bytes in flight
 # (benchmarks/results/h200-2026-12-05-mla-fusions/).
 ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(4, 2048, 4, 2), GemvTiles(4, 2048, 4, 1))
-
-# One token's dense projection (`linear_one_token`) with the experts' gate|up tile; None: F.linear. On one H200
-# cuBLAS's kernel for one row of MLA's 2048 x 3648 and 2048 x 2048 projections averaged 6.0 us, half the copy
-# bandwidth (benchmarks/results/h200-2026-12-05-mla-fusions/).
-ONE_TOKEN_LINEAR: GemvTiles | None = GemvTiles(4, 2048, 4, 2)
 
 
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
@@ -207,15 +201,6 @@ def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLO
                     other=0.0)  # fmt: skip
         acc += m.to(tl.float32) * v[None, :]
     return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _linear_gemv_kernel(x_ptr, w_ptr, out_ptr, out_features, in_features,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = col < out_features
-    out = _gemv_tile(w_ptr, in_features, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
-    tl.store(out_ptr + col, out.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -465,23 +450,6 @@ def _one_token_moe(
         act.stride(0),
         SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
         num_stages=down.stages,
-    )  # fmt: skip
-    return out
-
-
-def linear_one_token(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) for x of one row [..., in] (float32 sums, rounded once, as cuBLAS's); F.linear itself
-    when `ONE_TOKEN_LINEAR` is None."""
-    out_features, in_features = weight.shape
-    if x.numel() != in_features:
-        raise ValueError(f"one row of {in_features} values expected, got {tuple(x.shape)}")
-    if ONE_TOKEN_LINEAR is None or weight.stride() != (in_features, 1):
-        return F.linear(x, weight)
-    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
-    tiles = ONE_TOKEN_LINEAR
-    _linear_gemv_kernel[(triton.cdiv(out_features, tiles.block_n),)](
-        x.contiguous(), weight, out, out_features, in_features, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.warps, num_stages=tiles.stages,
     )  # fmt: skip
     return out
 

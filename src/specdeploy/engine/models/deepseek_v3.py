@@ -30,16 +30,6 @@ def triton_mla_fits(latent: int, rope: int) -> bool:
     return latent >= 16 and all(n >= 2 and not n & (n - 1) for n in (latent, rope))
 
 
-def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x); one token on CUDA through a matrix-vector kernel, as cuBLAS's one-row kernels read MLA's
-    projections at about half the copy bandwidth."""
-    if linear.bias is None and x.shape[:-1].numel() == 1 and ops.triton_kernels_for(x) is not None:
-        from specdeploy.engine.triton_moe import linear_one_token
-
-        return linear_one_token(x, linear.weight)
-    return linear(x)
-
-
 # DeepSeek's reference code and transformers build the q/kv latent norms with the default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -103,9 +93,9 @@ class MultiLatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        q, kv = project(self.input_proj, x).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
+        q, kv = self.input_proj(x).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
         if self.q_lora_rank is not None:
-            q = project(self.q_b_proj, self.q_a_layernorm(q))
+            q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(b, tokens, self.heads, -1)
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
@@ -127,7 +117,7 @@ class MultiLatentAttention(nn.Module):
             query = torch.cat([absorbed, apply_rope(q_rot, batch.rope, self.interleaved)], dim=-1)
         keys = batch.view(cache.entry(self.layer_idx)[0])
         out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale, value_up)
-        return project(self.o_proj, out)
+        return self.o_proj(out)
 
 
 class GroupLimitedRouter(nn.Module):
