@@ -108,7 +108,12 @@ CHECKS = textwrap.dedent(
                     value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
                     close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
                           attend_folded(q, keys, values, batch, 0.1, value_up))
-            triton_mla.COMBINE_UP_ROWS = kept
+            # the value block loaded before the splits, 8 splits a load (5 loads of the 40)
+            triton_mla.COMBINE_UP_ROWS, kept_tiles = b * tokens, triton_mla.COMBINE_UP
+            triton_mla.COMBINE_UP = triton_mla.CombineUpTiles(8, 4, True)
+            close(tk.masked_attention(q, keys, values, visible, 0.1, tk.AttentionTiles(16, 16, 4, 2), value_up),
+                  attend_folded(q, keys, values, batch, 0.1, value_up))
+            triton_mla.COMBINE_UP_ROWS, triton_mla.COMBINE_UP = kept, kept_tiles
 
     # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)

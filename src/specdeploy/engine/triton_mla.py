@@ -16,6 +16,8 @@ model dtype, each product accumulated in float32 and rounded once).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -121,6 +123,19 @@ def _mla_query_entry_kernel(
 COMBINE_UP_ROWS = 1
 
 
+class CombineUpTiles(NamedTuple):
+    """`combine_up`'s launch: splits merged per load (at most), warps, and whether the value block's load is
+    issued before the splits' (so the two round trips to memory overlap) or after them."""
+
+    splits_per_load: int
+    warps: int
+    value_first: bool
+
+
+# Untimed against each other: benchmarks/mla_combine_sweep.py measures the choices.
+COMBINE_UP = CombineUpTiles(32, 8, False)
+
+
 @triton.jit
 def _combine_up_kernel(
     part_ptr,  # [SPLITS, B, M, L] float32: each split's unnormalised attended latent, M = heads * tokens
@@ -129,7 +144,7 @@ def _combine_up_kernel(
     up_ptr,  # kv_b_proj's value half: head h, value channel v at up_ptr + h * up_head + v * L
     out_ptr,  # [B, T, H * V] out
     splits, split_stride, tokens, heads, up_head, value_dim,
-    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr,
+    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, VALUE_FIRST: tl.constexpr,
 ):  # fmt: skip
     value_blocks = tl.cdiv(value_dim, BLOCK_V)
     head = tl.program_id(0) // value_blocks
@@ -140,6 +155,9 @@ def _combine_up_kernel(
     lat = tl.arange(0, L)
     s = tl.arange(0, BLOCK_S)
     dtype = out_ptr.dtype.element_ty
+    value_at = up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :]
+    if VALUE_FIRST:
+        value_up = tl.load(value_at, mask=v_ok[:, None], other=0.0)
     # BLOCK_S splits a load (all of a short window's), merged into the running ones as flash-decoding merges
     top = tl.full([1], float("-inf"), tl.float32)
     total = tl.zeros([1], tl.float32)
@@ -160,8 +178,8 @@ def _combine_up_kernel(
         top = new_top
     # rounded as the attention's output is before torch's batched matmul reads it
     attended = (acc / tl.where(total > 0, total, 1.0)).to(dtype).to(tl.float32)
-    value_up = tl.load(up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :],
-                       mask=v_ok[:, None], other=0.0)  # fmt: skip
+    if not VALUE_FIRST:
+        value_up = tl.load(value_at, mask=v_ok[:, None], other=0.0)
     out = tl.sum(value_up.to(tl.float32) * attended[None, :], axis=1)
     tl.store(out_ptr + (row * heads + head).to(tl.int64) * value_dim + v, out.to(dtype), mask=v_ok)
 
@@ -222,6 +240,7 @@ def combine_up(
     block_v = min(32, triton.next_power_of_2(value))
     _combine_up_kernel[(heads * triton.cdiv(value, block_v), batch * tokens)](
         parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, heads, value_up.stride(0), value,
-        L=latent, BLOCK_S=min(32, triton.next_power_of_2(splits)), BLOCK_V=block_v, num_warps=8,
+        L=latent, BLOCK_S=min(COMBINE_UP.splits_per_load, triton.next_power_of_2(splits)), BLOCK_V=block_v,
+        VALUE_FIRST=COMBINE_UP.value_first, num_warps=COMBINE_UP.warps,
     )  # fmt: skip
     return out
