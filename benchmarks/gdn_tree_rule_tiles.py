@@ -1,12 +1,11 @@
-"""The Gated DeltaNet tree rule's launch shape on a GPU: the walk's and the UT form's, per model shape.
+"""The Gated DeltaNet tree rule's launch shape on a GPU, per model shape.
 
     python benchmarks/gdn_tree_rule_tiles.py --out tiles.json
 
 For a best-first tree of each budget (random peaked draft marginals, as a trained drafter's), times
-`triton_gdn.tree_rule` replayed from a CUDA graph: the walk for each (value columns, warps) (`TREE_TILES`), the
-UT form for each (`TREE_UT`, rows `ut-CxW`), and the torch UT form over the tree (`torch-ut`, the CPU path), each
-with its outputs' largest difference from the default walk's (float32 sums in another order: about 1e-6 for
-the walk's tiles, more for the UT forms' products). Shapes: the Qwen3.6-27B layer (16 key heads, 48 value heads,
+`triton_gdn.tree_rule` replayed from a CUDA graph: the walk for each (value columns, warps) (`TREE_TILES`) and the
+torch UT form over the tree (`torch-ut`, the CPU path), each with its outputs' largest difference from the
+default walk's (float32 sums in another order: about 1e-6 for the walk's tiles, more for the UT form's products). Shapes: the Qwen3.6-27B layer (16 key heads, 48 value heads,
 dims 128) and tiny-hybrid's (4 and 4 heads, dims 64).
 """
 
@@ -31,7 +30,6 @@ from specdeploy.engine.tree import best_first_tree, root_paths  # noqa: E402
 
 SHAPES = {"qwen3.6-27b": (16, 48, 128, 128), "tiny-hybrid": (4, 4, 64, 64)}  # key heads, value heads, dims
 TILES = [(32, 4), (32, 2), (32, 1), (16, 1), (16, 2), (16, 4), (8, 1), (8, 2), (64, 4), (64, 8)]
-UT_TILES = [(16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8)]
 BLOCK = 16  # the drafter's block: depths 1..15 below the root
 
 
@@ -72,13 +70,11 @@ def main() -> None:
             inputs = (q, k, v, decay, beta, paths, state)
             default = triton_gdn.tree_rule(*inputs)
             rows = {}
-            # (row name, module setting, its value): the walk's tiles, then the UT form's
-            settings = [(f"{bv}x{w}", "TREE_TILES", (bv, w)) for bv, w in TILES]
-            settings += [(f"ut-{bv}x{w}", "TREE_UT", (bv, w)) for bv, w in UT_TILES]
-            for row, setting, tiles in settings:
+            for tiles in TILES:
+                row = f"{tiles[0]}x{tiles[1]}"
                 if tiles[0] > value_dim:
                     continue
-                setattr(triton_gdn, setting, tiles)  # read at launch: the graph captures these tiles
+                triton_gdn.TREE_TILES = tiles  # read at launch: the graph captures these tiles
                 try:
                     out = triton_gdn.tree_rule(*inputs)
                     ms = graph_replay_ms(lambda a=inputs: triton_gdn.tree_rule(*a))
@@ -87,7 +83,7 @@ def main() -> None:
                     print(f"{name} budget {budget}: {row} failed: {error}", flush=True)
                     continue
                 finally:
-                    setattr(triton_gdn, setting, None)
+                    triton_gdn.TREE_TILES = None
                 diff = (out - default).abs().max().item()
                 rows[row] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): {row:>8}: {ms * 1e3:7.1f} us  "

@@ -1,13 +1,10 @@
 """Run a benchmark script with the Gated DeltaNet tree rule changed on CUDA (an A/B of the whole model).
 
     python benchmarks/with_gdn_tree_rule.py 16x1 benchmarks/ddtree_side_by_side.py --engine-only --shape ...
-    python benchmarks/with_gdn_tree_rule.py ut-32x4 benchmarks/ddtree_side_by_side.py --engine-only --shape ...
     python benchmarks/with_gdn_tree_rule.py torch-ut benchmarks/ddtree_side_by_side.py --engine-only --shape ...
 
 `CxW`: the Triton walk launched with C value columns per program and W warps (`triton_gdn.TREE_TILES`).
-`ut-CxW`: the Triton UT form at that launch shape (`triton_gdn.TREE_UT`) for trees it takes, the walk for the
-rest (AR's one token, trees over `triton_gdn.UT_MAX_TOKENS` tokens below the root). `torch-ut`: the torch UT
-form over the tree (`gated_delta_rule.tree_rule`, the CPU path: matrix products and a triangular solve) in
+`torch-ut`: the torch UT form over the tree (`gated_delta_rule.tree_rule`, the CPU path: matrix products and a triangular solve) in
 place of the walk.
 """
 
@@ -29,8 +26,6 @@ if __name__ == "__main__":
     choice = sys.argv[1]
     if choice == "torch-ut":
         triton_gdn.tree_rule = ut_tree_rule
-    elif choice.startswith("ut-"):
-        triton_gdn.TREE_UT = tuple(int(n) for n in choice.removeprefix("ut-").split("x"))
     else:
         triton_gdn.TREE_TILES = tuple(int(n) for n in choice.split("x"))
     sys.argv = sys.argv[2:]

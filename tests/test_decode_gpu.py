@@ -36,16 +36,8 @@ def load(pair, dtype):
     return load_target(pair[0], "cuda", dtype), load_drafter(pair[1], "cuda", dtype)
 
 
-@pytest.mark.parametrize(
-    ("family", "ut"),
-    [(f, None) for f in FAMILIES] + [("qwen3_next", (32, 4))],
-    ids=[*FAMILIES, "qwen3_next-ut"],
-)
-def test_fp32_cuda_modes_equal_ar_exactly(pairs, monkeypatch, family, ut):
-    """`ut`: the Gated DeltaNet trees in the UT form (`triton_gdn.TREE_UT`), AR steps walked."""
-    from specdeploy.engine import triton_gdn
-
-    monkeypatch.setattr(triton_gdn, "TREE_UT", ut)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_cuda_modes_equal_ar_exactly(pairs, family):
     torch.backends.cuda.matmul.allow_tf32 = False
     target, drafter = load(pairs[family], torch.float32)
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)

@@ -142,33 +142,6 @@ def test_triton_tree_equals_the_torch_tree(budget):
     torch.testing.assert_close(expected_accept_lengths(logprobs, budgets).cpu(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("budget", [16, 64, 128])
-def test_gated_delta_rule_ut_form_equals_the_walk(monkeypatch, budget, dtype):
-    """The UT form (`triton_gdn.TREE_UT`) against the walk over best-first trees at the Qwen3.6-27B layer's heads
-    (16 key, 48 value, dims 128): float32 products in float32 (IEEE), three TF32 products for bf16 inputs."""
-    from specdeploy.engine import triton_gdn
-    from specdeploy.engine.tree import best_first_tree, root_paths
-
-    gen = torch.Generator(device="cuda").manual_seed(budget)
-    logprobs = torch.log_softmax(4 * torch.randn(2, 15, 512, device="cuda", generator=gen), dim=-1)
-    tree = best_first_tree(torch.tensor([3, 4], device="cuda"), logprobs, budget)
-    paths = root_paths(tree.ancestors, 16).contiguous()
-    tokens = paths.shape[1]
-    q, k = (torch.randn(2, tokens, 16, 128, device="cuda", generator=gen).to(dtype) for _ in range(2))
-    # correlated keys, so that every step of a long path weighs on its last token
-    k = k + torch.randn(2, 1, 16, 128, device="cuda", generator=gen).to(dtype)
-    v = torch.randn(2, tokens, 48, 128, device="cuda", generator=gen).to(dtype)
-    decay = -0.1 * torch.rand(2, tokens, 48, device="cuda", generator=gen)
-    beta = torch.rand(2, tokens, 48, device="cuda", generator=gen)
-    state = torch.randn(2, 48, 128, 128, device="cuda", generator=gen)
-    walked = triton_gdn.tree_rule(q, k, v, decay, beta, paths, state)
-    for tiles in ((32, 4), (64, 8)):
-        monkeypatch.setattr(triton_gdn, "TREE_UT", tiles)
-        got = triton_gdn.tree_rule(q, k, v, decay, beta, paths, state)
-        torch.testing.assert_close(got, walked, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize(
     ("tokens", "window", "width", "value_width"),
     [

@@ -70,13 +70,9 @@ RECORD = textwrap.dedent(
     prompts = [[3, 17, 9, 41, 5], [7, 1, 30]]
     params = [SamplingParams(max_new_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.8, max_new_tokens=4, ignore_eos=True, seed=1)]
-    from specdeploy.engine import triton_gdn
-    # the Gated DeltaNet pair once more with its trees in the UT form; the Kimi-routed and Qwen3-MoE pairs with
-    # one request (one token per AR step: the experts as matrix-vector kernels, with and without shared ones;
-    # Kimi's routed in one kernel)
-    variants = [*pairs.items(), ("qwen3_next ut", pairs["qwen3_next"])]
-    for family, (target_dir, draft_dir) in variants:
-        triton_gdn.TREE_UT = (32, 4) if family.endswith(" ut") else None
+    # the Kimi-routed and Qwen3-MoE pairs with one request (one token per AR step: the experts as matrix-vector
+    # kernels, with and without shared ones; Kimi's routed in one kernel)
+    for family, (target_dir, draft_dir) in pairs.items():
         target = load_target(target_dir, dtype=torch.bfloat16)
         drafter = load_drafter(draft_dir, dtype=torch.bfloat16)
         # DDTree steps with the policy's predictions, and AR steps (budget 0) between them
@@ -133,7 +129,7 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     names = {launch["name"] for launch in launches}
     # each family's own kernels were launched (else the run did not take the CUDA path)
     expected = {"_walk_kernel", "_move_kernel", "_commit_rows_kernel", "_keep_features_kernel", "_rms_norm_kernel",
-                "_best_first_tree_kernel", "_tree_rule_kernel", "_tree_ut_kernel", "_gate_up_kernel",
+                "_best_first_tree_kernel", "_tree_rule_kernel", "_gate_up_kernel",
                 "_mla_query_entry_kernel", "_combine_up_kernel", "_gate_up_gemv_kernel", "_down_gemv_kernel",
                 "_route_kernel"}  # fmt: skip
     assert expected <= names, expected - names
@@ -145,44 +141,3 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     result = json.loads(compiled.stdout.strip().splitlines()[-1])
     assert not result["failures"], "\n".join(result["failures"])
     assert result["compiled"] >= len(names)
-
-
-SHARED = textwrap.dedent(
-    """
-    import json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from specdeploy.engine import triton_gdn
-
-    kernel = triton_gdn._tree_ut_kernel
-    pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
-                "paths_ptr": "*i64", "state_ptr": "*fp32", "out_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
-    signature = {p.name: "constexpr" if p.is_constexpr else pointers.get(p.name, "i32") for p in kernel.params}
-    used = {}
-    for tokens in (64, triton_gdn.UT_MAX_TOKENS):  # budget 64's tree and the largest the form takes
-        for columns, warps in ((16, 4), (32, 4), (64, 8)):
-            constants = {"DK": 128, "DV": 128, "BK": 128, "BV": columns, "BT": tokens, "BKC": 32, "PRECISION": "tf32x3"}
-            compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                                      options={"num_warps": warps})
-            used[f"{tokens} tokens, {columns}x{warps}"] = compiled.metadata.shared
-    print(json.dumps(used))
-    """
-)
-
-# The most shared memory one block may use on sm_90 (H100, H200): 227 KB (CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability"); a kernel asking more fails to launch.
-SM90_SHARED_PER_BLOCK = 227 * 1024
-
-
-def test_the_gated_delta_rule_ut_form_fits_an_sm_90_block_at_the_qwen3_6_widths(tmp_path: Path) -> None:
-    """The UT form's products keep their operands in shared memory: at Qwen3.6-27B's head dims (128) and bf16, every
-    tree it takes must launch (a [128, 128] key block per product did not: 278-393 KB)."""
-    compiled = subprocess.run(
-        [sys.executable, "-c", SHARED], cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)},
-    )  # fmt: skip
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
-    used = json.loads(compiled.stdout.strip().splitlines()[-1])
-    too_much = {shape: size for shape, size in used.items() if size > SM90_SHARED_PER_BLOCK}
-    assert not too_much, too_much

@@ -257,11 +257,10 @@ CHECKS = textwrap.dedent(
     close(got, want)
     assert torch.equal(got[1], initial[1])  # a row that keeps nothing keeps its state
 
-    # The UT form (TREE_UT) against the walk, which runs the recurrence itself: wide, chain and deep trees, a key
-    # head shared by two value heads, key dims over two chunks and value columns over two blocks (both partial);
-    # keys close to one another and decays near 1,
-    # so that a path's every step weighs on its last token
-    def ut_against_walk(size: int, chain: float, columns: int) -> None:
+    # The walk against the torch tree rule (the CPU's UT form) on wide, chain and deep trees, a key head shared by
+    # two value heads, key dims over two blocks and value columns over two (both partial); keys close to one
+    # another and decays near 1, so that a path's every step weighs on its last token
+    def walk_against_torch(size: int, chain: float) -> None:
         rng = random.Random(size)
         parents = torch.tensor([[0] + [i - 1 if rng.random() < chain else rng.randrange(0, i) for i in range(1, size)]
                                 for _ in range(2)])
@@ -269,13 +268,11 @@ CHECKS = textwrap.dedent(
         q, k = torch.randn(2, size, HK, 40), torch.randn(2, 1, HK, 40) + 0.2 * torch.randn(2, size, HK, 40)
         v, g, beta = torch.randn(2, size, HV, DV), -0.1 * torch.rand(2, size, HV), 1 - 0.2 * torch.rand(2, size, HV)
         initial = torch.randn(2, HV, 40, DV)
-        walked = triton_gdn.tree_rule(q, k, v, g, beta, paths, initial)
-        triton_gdn.TREE_UT = (columns, 4)
-        close(triton_gdn.tree_rule(q, k, v, g, beta, paths, initial), walked)
-        triton_gdn.TREE_UT = None
+        close(triton_gdn.tree_rule(q, k, v, g, beta, paths, initial),
+              tree_rule(rule_inputs(q, k, v, g, beta), paths, initial))
 
-    for size, chain, columns in ((6, 0.0, 32), (17, 1.0, 16), (65, 0.85, 16)):
-        ut_against_walk(size, chain, columns)
+    for size, chain in ((6, 0.0), (17, 1.0), (65, 0.85)):
+        walk_against_torch(size, chain)
 
     # A prefill chunk in one launch against the token-by-token rule, and past a 64-token chunk the chunked one
     from specdeploy.engine.models.gated_delta_rule import chain_rule, chunked_rule

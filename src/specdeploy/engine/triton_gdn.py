@@ -3,9 +3,7 @@
 Each tree program owns one (token, value head, block of value columns): the delta rule is independent per
 value column, so a [Dk, BV] slice of the state stays in registers while the program walks the token's root
 path from the committed state. No per-token state is ever written to memory, and the shapes are fixed, so a
-verification with recurrent layers is captured in a CUDA graph. `TREE_UT` switches trees of up to
-UT_MAX_TOKENS tokens below the root to the UT form instead (`_tree_ut_kernel`: one program per (row, value
-head, block of value columns) for the whole tree, matrix products in place of one walk per token). A prefill
+verification with recurrent layers is captured in a CUDA graph. A prefill
 chunk (`chain_rule`) has one program per (row, value head, block) walking the whole chain: each token's output
 on the way, the final state at the end. The walks' arithmetic follows the torch reference step by step (L2
 norms with eps inside the root, decay, recall, corrected write) in float32.
@@ -25,14 +23,6 @@ TREE_TILES: tuple[int, int] | None = None
 # at 4 warps, and tiny-hybrid's in 7.3/7.9/8.9 against 8.9/10.1/14.4 (32 columns a program; 16 as fast; results
 # in benchmarks/results/h100-2026-12-05-gdn-tiles/)
 TREE_WARPS = 1
-# The UT form's launch shape, (value columns per program, warps); None: trees are walked. Off: on that H100 it beat
-# the one-warp walk on Qwen3.6-27B's budget-16 and -64 test trees (14.7 against 22.0 us, 63.6 against 66.0) but
-# lost at budget 128 (214 against 137) and on tiny-hybrid's (42 against 7.9 at 65 tokens), and the 27B shape's
-# DDTree-64 step took 28.41 ms with it against 26.96 walked: its sweeps grow with the deepest path.
-TREE_UT: tuple[int, int] | None = None
-# tokens below the root the UT form takes: its [T, T] system lives in registers, and its products' operands in
-# shared memory (Triton's sm_90 build, BKC = 32: 53-66 KB at 64 tokens with TF32x3, 102-115 KB at 128, of 227 KB)
-UT_MAX_TOKENS = 128
 
 
 @triton.jit
@@ -108,97 +98,6 @@ def _tree_rule_kernel(
 
 
 @triton.jit
-def _tree_ut_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, paths_ptr, state_ptr, out_ptr,
-    tokens, depths, groups,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sp_b, sp_t, ss_b, ss_h, so_b, so_t, so_h,
-    scale, eps,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr,
-    PRECISION: tl.constexpr,
-):  # fmt: skip
-    """`gated_delta_rule.tree_rule`'s UT form for one (row, value head, block of value columns). The root (token
-    0, every other token's ancestor) is one recurrence step from the committed state h0: h_root = exp(g0) h0 +
-    k0 c0 with c0 its corrected write. Tokens 1..T-1 are the system's rows, solved by Jacobi sweeps u = w - A u:
-    A is strictly lower along each path, so a token's row is final, and computed as forward substitution
-    computes it, once its ancestors' are: after as many sweeps as the deepest token has ancestors besides the
-    root. The products over the key dim run BKC columns at a time (their operands in shared memory are what
-    bounds the tree), with k . h_root = exp(g0) k . h0 + (k . k0) c0."""
-    b, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    key_head = head // groups
-    offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
-    mask_k, mask_v = offs_k < DK, offs_v < DV
-    q_ptr, k_ptr, v_ptr = q_ptr + b * sq_b + key_head * sq_h, k_ptr + b * sk_b, v_ptr + b * sv_b
-    g_ptr, beta_ptr, out_ptr = g_ptr + b * sd_b, beta_ptr + b * sd_b, out_ptr + b * so_b + head * so_h
-    state_ptr += b * ss_b + head * ss_h
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    h0 = tl.load(state_ptr + offs_k[:, None] * DV + offs_v[None, :], mask=mask_kv, other=0.0)
-    # the root's step, its corrected write kept
-    decayed, root_decay, k0_norm, k0, write0 = _delta(
-        h0, 0, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v,
-        mask_v, eps,
-    )  # fmt: skip
-    tl.store(out_ptr + offs_v, _read(decayed + k0[:, None] * write0[None, :], q_ptr, offs_k, mask_k, scale, eps),
-             mask=mask_v)  # fmt: skip
-
-    node = 1 + tl.arange(0, BT)  # the system's rows: tokens 1..T-1
-    mask_t = node < tokens
-    offs_c = tl.arange(0, BKC)
-    k_ptr += key_head * sk_h
-    k_rows, q_rows = k_ptr + node[:, None] * sk_t, q_ptr + node[:, None] * sq_t
-    k_squares, q_squares = tl.zeros([BT], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32)
-    for c in range(0, BK, BKC):
-        mask = mask_t[:, None] & (c + offs_c < DK)[None, :]
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
-        k_squares += tl.sum(kc * kc, axis=1)
-        q_squares += tl.sum(qc * qc, axis=1)
-    k_norm, q_norm = tl.rsqrt(k_squares + eps), tl.rsqrt(q_squares + eps) * scale
-    keys, scores = tl.zeros([BT, BT], dtype=tl.float32), tl.zeros([BT, BT], dtype=tl.float32)
-    k_h0, q_h0 = tl.zeros([BT, BV], dtype=tl.float32), tl.zeros([BT, BV], dtype=tl.float32)
-    k_k0, q_k0 = tl.zeros([BT], dtype=tl.float32), tl.zeros([BT], dtype=tl.float32)
-    for c in range(0, BK, BKC):
-        in_dim = c + offs_c < DK
-        mask = mask_t[:, None] & in_dim[None, :]
-        kc = tl.load(k_rows + c + offs_c[None, :], mask=mask, other=0.0).to(tl.float32) * k_norm[:, None]
-        qc = tl.load(q_rows + c + offs_c[None, :], mask=mask, other=0.0).to(tl.float32) * q_norm[:, None]
-        hc = tl.load(state_ptr + (c + offs_c)[:, None] * DV + offs_v[None, :], mask=in_dim[:, None] & mask_v[None, :],
-                     other=0.0)  # fmt: skip
-        k0c = tl.load(k_ptr + c + offs_c, mask=in_dim, other=0.0).to(tl.float32) * k0_norm
-        keys += tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
-        scores += tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
-        k_h0 += tl.dot(kc, hc, input_precision=PRECISION)
-        q_h0 += tl.dot(qc, hc, input_precision=PRECISION)
-        k_k0 += tl.sum(kc * k0c[None, :], axis=1)
-        q_k0 += tl.sum(qc * k0c[None, :], axis=1)
-    k_root = root_decay * k_h0 + k_k0[:, None] * write0[None, :]  # k . h_root
-    q_root = root_decay * q_h0 + q_k0[:, None] * write0[None, :]
-    mask_tv = mask_t[:, None] & mask_v[None, :]
-    v = tl.load(v_ptr + node[:, None] * sv_t + head * sv_h + offs_v[None, :], mask=mask_tv, other=0.0)
-    v = v.to(tl.float32)
-    g = tl.load(g_ptr + node * sd_t + head, mask=mask_t, other=0.0)
-    beta = tl.load(beta_ptr + node * sd_t + head, mask=mask_t, other=0.0)
-    # on_path[t, s]: token s lies on token t's path (t itself included, the root not: it is in h_root already)
-    on_path = tl.zeros([BT, BT], dtype=tl.int1)
-    length = tl.zeros([BT], dtype=tl.int32)  # each path's tokens, the root included
-    for d in range(0, depths):
-        column = tl.load(paths_ptr + b * sp_b + node * sp_t + d, mask=mask_t, other=-1)
-        on_path = on_path | (column[:, None] == node[None, :])
-        length += (column >= 0).to(tl.int32)
-    along = tl.sum(tl.where(on_path, g[None, :], 0.0), axis=1)  # log decay summed along the path
-    # exp(G_t - G_s) for s on t's path, 0 elsewhere (masked before exp: off-path differences may be positive)
-    between = tl.exp(tl.where(on_path, along[:, None] - along[None, :], float("-inf")))
-    ancestor = on_path & (node[:, None] != node[None, :])
-    system = tl.where(ancestor, keys * between * beta[:, None], 0.0)
-    from_root = tl.exp(along)[:, None]
-    writes = beta[:, None] * (v - from_root * k_root)
-    effective = writes
-    for _ in range(2, tl.max(length, axis=0)):
-        effective = writes - tl.dot(system, effective, input_precision=PRECISION)
-    out = from_root * q_root + tl.dot(scores * between, effective, input_precision=PRECISION)
-    tl.store(out_ptr + node[:, None] * so_t + offs_v[None, :], out, mask=mask_tv)
-
-
-@triton.jit
 def _replay_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, path_ptr, count_ptr, state_ptr, rows,
     groups, sk_l, sk_b, sk_t, sk_h, sv_l, sv_b, sv_t, sv_h, sd_l, sd_b, sd_t, sp_b, ss_l, ss_b, ss_h, eps,
@@ -263,8 +162,7 @@ def tree_rule(
 ) -> torch.Tensor:
     """`gated_delta_rule.tree_rule` from the layer's tensors: query/key [B, T, Hk, Dk] and value [B, T, H, Dv]
     (strided views are fine), decay/beta [B, T, H] float32, paths [B, T, D], initial [B, H, Dk, Dv] float32.
-    Returns outputs [B, T, H, Dv] float32: walked, launched at `TREE_TILES` when set, or in the UT form at
-    `TREE_UT` when set and the tree has 1 to UT_MAX_TOKENS tokens below its root."""
+    Returns outputs [B, T, H, Dv] float32, walked (launched at `TREE_TILES` when set)."""
     batch, tokens, key_heads, key_dim = key.shape
     heads, value_dim = value.shape[2], value.shape[3]
     _check_state(initial)
@@ -287,15 +185,6 @@ def tree_rule(
         out.stride(0), out.stride(1), out.stride(2),
         key_dim**-0.5, EPS,
     )  # fmt: skip
-    if TREE_UT is not None and 2 <= tokens <= UT_MAX_TOKENS + 1:
-        bv, warps = max(TREE_UT[0], 16), TREE_UT[1]  # tl.dot takes no dim under 16
-        # float32 models keep float32 products, others three TF32 ones (about as exact)
-        precision = "ieee" if value.dtype == torch.float32 else "tf32x3"
-        _tree_ut_kernel[(batch, heads, triton.cdiv(value_dim, bv))](
-            *args, DK=key_dim, DV=value_dim, BK=max(bk, 16), BV=bv, BT=max(16, triton.next_power_of_2(tokens - 1)),
-            BKC=min(32, max(bk, 16)), PRECISION=precision, num_warps=warps,
-        )  # fmt: skip
-        return out
     bv, warps = TREE_TILES or (bv, TREE_WARPS)
     _tree_rule_kernel[(batch * tokens, heads, triton.cdiv(value_dim, bv))](
         *args, DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps
