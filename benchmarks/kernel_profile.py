@@ -2,8 +2,8 @@
 
 Runs each mode's stages eagerly (the kernels a CUDA graph replays are the same) under torch.profiler and
 prints the kernels by device time per decoding step (a prefill-only generation's kernels subtracted), plus
-two ceilings measured in the same run: a GEMV of the shape's largest projection against the copy bandwidth,
-and a decode attention call.
+ceilings measured in the same run: a GEMV and a 65-row GEMM of the shape's largest projection, and the copy
+bandwidth.
 
     python benchmarks/kernel_profile.py --shape qwen3-8b --modes ar,ddtree-64 --out profile.json
     python benchmarks/kernel_profile.py --pair zoo:tiny-hybrid --prompt-tokens 64 --modes ar,ddtree-64 --out p.json

@@ -53,8 +53,8 @@ def target_config(family: str, vocab: int, layers: int = 4):
             n_shared_experts=1,
             first_k_dense_replace=1,
             q_lora_rank=16,
-            # a latent head of 32 + 16 is the smallest the Triton MLA kernels take; the nope and value widths
-            # of 8 take their padded paths
+            # a latent head of 32 + 16 runs the Triton MLA kernels (16 + 4 never reached the Triton attention);
+            # the nope and value widths of 8 take their padded paths
             kv_lora_rank=32,
             qk_nope_head_dim=8,
             qk_rope_head_dim=16,
