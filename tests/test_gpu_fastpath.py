@@ -47,12 +47,14 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
 def torch_paths() -> Iterator[None]:
     """Every Triton kernel off for the block: the torch code they replace."""
     ops._triton_kernels.cache_clear()
+    ops._setting.cache_clear()
     os.environ["SPECDEPLOY_TRITON"] = "0"
     try:
         yield
     finally:
         os.environ.pop("SPECDEPLOY_TRITON")
         ops._triton_kernels.cache_clear()
+        ops._setting.cache_clear()
 
 
 def assert_same_routing(

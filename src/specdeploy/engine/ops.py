@@ -2,8 +2,8 @@
 
 Both versions round where transformers rounds (a bf16 model normalises in float32, casts back, then scales),
 so switching between them moves logits by float32 noise only. Triton is imported only when a CUDA tensor
-first needs it; `SPECDEPLOY_TRITON=0` forces the torch versions (to compare the two), and
-`SPECDEPLOY_TRITON=interpret` runs the Triton versions on CPU tensors through Triton's interpreter (the CUDA code
+first needs it. `SPECDEPLOY_TRITON`, read once at the first op: `0` forces the torch versions (to compare the
+two), and `interpret` runs the Triton versions on CPU tensors through Triton's interpreter (the CUDA code
 path on a machine without a GPU, slowly: for tests and for counting a step's launches).
 """
 
@@ -20,7 +20,9 @@ from specdeploy.engine.models.rope import Rope, apply_rope
 from specdeploy.errors import SpecdeployError
 
 
+@cache
 def _setting() -> str:
+    # read once: every op on a CPU tensor asks, and os.environ's lookup cost 1.5% of a tiny model's CPU step
     return os.environ.get("SPECDEPLOY_TRITON", "1")
 
 
