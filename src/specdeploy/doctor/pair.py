@@ -62,9 +62,6 @@ class PairFiles:
     def target_value(self, key: str) -> Any:
         return self.text_config.get(key, self.target_config.get(key))
 
-    def target_card(self) -> str:
-        return _card(self.target_dir)
-
     def draft_card(self) -> str:
         return _card(self.draft_dir)
 
