@@ -47,18 +47,30 @@ def serve(name: str, port: int, log: Path) -> subprocess.Popen:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 600) -> None:
+def work_dir(prefix: str) -> tuple[Path, Path]:
+    """A new folder for the servers' logs and the benches' results (its path printed), and the demo's prompts
+    written in it as a custom dataset."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    print(f"servers' logs and each bench's results: {work}", flush=True)
+    prompts = work / "demo_prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": f"demo/{i}", "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS))
+    )
+    return work, prompts
+
+
+def wait_healthy(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"the server at {url} exited with {server.returncode}: see its log")
+            raise SystemExit(f"the server at {url} exited with {server.returncode}: see {log}")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise SystemExit(f"the server at {url} was not healthy within {timeout:.0f} s")
+    raise SystemExit(f"the server at {url} was not healthy within {timeout:.0f} s: see {log}")
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -114,11 +126,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per cell")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="auto-budget-"))
-    prompts = work / "demo_prompts.jsonl"
-    prompts.write_text(
-        "".join(json.dumps({"id": f"demo/{i}", "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS))
-    )
+    work, prompts = work_dir("auto-budget-")
     cells: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in SERVERS}
     taus: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in SERVERS}
     auto_rounds = []
@@ -126,9 +134,10 @@ def main() -> None:
         for name in SERVERS:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            server = serve(name, port, work / f"{name}-{round_}.log")
+            log = work / f"{name}-{round_}.log"
+            server = serve(name, port, log)
             try:
-                wait_healthy(url, server)
+                wait_healthy(url, server, log)
                 summary = bench(url, name, prompts, args.duration, work / f"{name}-{round_}")
                 info = httpx.get(url + "/server_info", timeout=30).json() if name == "auto" else None
             finally:

@@ -16,12 +16,9 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from auto_budget_cpu import free_port, stop, wait_healthy
-
-from specdeploy.zoo.prompts import DEMO_PROMPTS
+from auto_budget_cpu import free_port, stop, wait_healthy, work_dir
 
 PLACEMENTS = {"thread": "--engine-thread", "process": "--engine-process"}
 
@@ -41,11 +38,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="engine-process-ab-"))
-    prompts = work / "demo_prompts.jsonl"
-    prompts.write_text(
-        "".join(json.dumps({"id": f"demo/{i}", "prompt": p}) + "\n" for i, p in enumerate(DEMO_PROMPTS))
-    )
+    work, prompts = work_dir("engine-process-ab-")
     budget = [] if args.mode != "ddtree" else ["--budget", args.budget]
     cells: dict[str, dict[int, list[float]]] = {p: {c: [] for c in concurrency} for p in PLACEMENTS}
     for round_ in range(args.rounds):
@@ -61,7 +54,7 @@ def main() -> None:
                     command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                 )
             try:
-                wait_healthy(url, server)
+                wait_healthy(url, server, log)
                 run = work / f"{placement}-{round_}"
                 subprocess.run(
                     [sys.executable, "-m", "specdeploy.cli", "bench", "--url", url, "--dataset", "custom",
