@@ -7,15 +7,17 @@ import time
 
 import pytest
 import torch
-from decode_helpers import write_pair
+from decode_helpers import target_config, write_pair
 from hybrid_helpers import write_drafter, write_target
 from test_decode import RUNS, SAMPLING, chi_square_p, exact_three_token_distribution, with_seed
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM
 
 from specdeploy.engine.batch import BatchEngine
 from specdeploy.engine.budget import REFRESH_EVERY
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
+from specdeploy.engine.models.moe import Experts
 from specdeploy.engine.step import StepRunner, prefill_buckets
 from specdeploy.errors import SpecdeployError
 
@@ -1111,3 +1113,32 @@ def test_a_request_failing_on_its_own_leaves_with_its_error_and_the_others_are_u
     assert list(errors) == [2] and "overflow" in errors[2] and outputs[2] == []
     assert [outputs[1], outputs[3], outputs[4]] == single
     assert engine.idle and engine.runner.active == 0 and engine.prefilling is None
+
+
+def test_dead_steps_reach_as_many_experts_as_real_rows(tmp_path, monkeypatch):
+    """The start-up cost times dead steps; an MoE target reads the experts its tokens route to, so dead rows
+    must not all verify one token: a dead AR step of 4 rows reaches about as many of 64 experts (top 4) as a
+    real step of 4 requests does (one token alone reaches 4)."""
+    config = target_config("qwen3_moe", vocab=64)
+    config.num_experts, config.num_experts_per_tok = 64, 4
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "moe")
+    target = load_target(tmp_path / "moe")
+    reached: list[tuple[int, int]] = []  # (tokens, distinct experts) per MoE layer call
+    forward = Experts.forward
+
+    def counting(self, x, weights, indices, shared=None):
+        reached.append((indices.shape[0], indices.unique().numel()))
+        return forward(self, x, weights, indices, shared)
+
+    monkeypatch.setattr(Experts, "forward", counting)
+    runner = StepRunner(target, None, "ar", None, rows=4)
+    runner.reserve(64)
+    runner.dead_step(4)
+    dead = [experts for tokens, experts in reached if tokens == 4]
+    reached.clear()
+    engine = BatchEngine(target, None, "ar", None, max_running=4, max_context=64)
+    run(engine, [(0, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True)) for prompt in PROMPTS[:4]])
+    real = [experts for tokens, experts in reached if tokens == 4]
+    assert dead and real
+    assert min(dead) >= 0.7 * sum(real) / len(real), (dead, real)
