@@ -10,9 +10,9 @@ policy keeps:
   attention window, measured at start-up on the engine's own step runner, with dead rows
   (`StepRunner.dead_step`: the same kernels, or CUDA graphs, as a real step, committing nothing; its rows
   start from distinct random roots, so that an MoE target's verify reaches about as many experts as real rows'
-  does, `benchmarks/dead_step_moe.py`), every shape once per pass so that a change of load hits all budgets alike; counts and windows in between are
-  interpolated (a step's attention reads its whole window: real steps deep into their requests cost more
-  than steps at the smallest window);
+  does, `benchmarks/dead_step_moe.py`), every shape once per pass so that a change of load hits all budgets
+  alike; counts and windows in between are interpolated (a step's attention reads its whole window: real steps
+  deep into their requests cost more than steps at the smallest window);
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
