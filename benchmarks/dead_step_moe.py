@@ -8,7 +8,8 @@ random qwen3_moe target (64 experts, top 4; `--hidden`, `--experts`, `--top-k`) 
 its width, then, at `--rows` rows and each of `--budgets` (0: an AR step), times dead steps whose rows all verify
 one root (as before 2026-12-05) and dead steps with distinct random roots (`_distinct_dead_roots`), against real
 steps of as many requests with random prompts, and prints each one's median ms and mean share of the experts
-its MoE layers routed to. CPU by default (one torch thread).
+its MoE layers routed to. CPU by default (one torch thread); on CUDA eager, without CUDA graphs, so that the MoE
+layers' routing can be counted (a captured step replays without running Python).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(1)
     device = torch.device(args.device)
+    synchronize = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as folder:
         target_dir, draft_dir = write_pair(Path(folder), args.hidden, args.experts, args.top_k)
         target = load_target(target_dir, device=device, dtype=torch.float32)
@@ -89,7 +91,7 @@ def main() -> None:
     cells: dict[str, dict[int, dict]] = defaultdict(dict)
     for budget in [int(b) for b in args.budgets.split(",")]:
         tokens = rows * (budget + 1)
-        runner = StepRunner(target, drafter, "ddtree", max(budget, 1), rows=rows)
+        runner = StepRunner(target, drafter, "ddtree", max(budget, 1), rows=rows, cuda_graphs=False)
         runner.reserve(256)
         distinct = runner._distinct_dead_roots
         for label, roots in (("dead, one root", lambda r: None), ("dead, distinct roots", distinct)):
@@ -98,11 +100,15 @@ def main() -> None:
             routed.clear()
             times = []
             for _ in range(args.repeats):
+                synchronize()
                 started = time.perf_counter()
                 runner.dead_step(rows, budget)
+                synchronize()
                 times.append(time.perf_counter() - started)
             cells[label][budget] = {"ms": statistics.median(times) * 1e3, "experts": share(routed, tokens)}
-        engine = BatchEngine(target, drafter, "ddtree", max(budget, 1), max_running=rows, max_context=256)
+        engine = BatchEngine(
+            target, drafter, "ddtree", max(budget, 1), max_running=rows, max_context=256, cuda_graphs=False
+        )
         for _ in range(rows):
             prompt = torch.randint(3, VOCAB - 3, (30,), generator=generator).tolist()
             engine.submit(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call (about 7 minutes): the new defaults measured in the engine. The Gated DeltaNet walk at one warp
+# Device call (about 8 minutes): the new defaults measured in the engine. The Gated DeltaNet walk at one warp
 # (issue 19's Qwen3.6-27B shape: AR, DDTree-16 and DDTree-64 steps), one token's MoE as matrix-vector kernels
 # and routing in one kernel (issue 20: mla-moe-16b's AR, DFlash, DDTree-16 and DDTree-64 steps; kimi-like's AR
 # and DFlash where it fits), then the fp32 greedy-equality tests of the families they change. Run from the
@@ -22,4 +22,6 @@ timeout 60 python3 -m pytest -q -m gpu tests/test_decode_gpu.py -k "fp32 and (ki
 side kimi-like ar,dflash 70
 timeout 150 python3 benchmarks/mla_combine_sweep.py --out "$R/mla_combine_sweep.json" > "$R/mla_combine_sweep.log" 2>&1
 tail -16 "$R/mla_combine_sweep.log"; pack
+timeout 60 python3 benchmarks/dead_step_moe.py --device cuda --out "$R/dead_step_moe.json" > "$R/dead_step_moe.log" 2>&1
+tail -9 "$R/dead_step_moe.log"; pack
 sed -i 's#/root/out/r/##g' "$R"/*.json "$R"/*.log; pack

@@ -390,7 +390,7 @@ class StepRunner:
     def _distinct_dead_roots(self, rows: int) -> None:
         """Give dead rows distinct random roots, as real rows are distinct sequences: an MoE target reads the
         experts its tokens route to, and dead rows that all verified one token timed too few of them (random
-        qwen3_moe, 64 experts top 4, 4 rows, CPU: an AR step's dead time 8.2 ms against a real step's 16.7, 17.1
+        qwen3_moe, 64 experts top 4, 4 rows, CPU: an AR step's dead time 8.0 ms against a real step's 18.3, 18.2
         with distinct roots; `benchmarks/dead_step_moe.py`). Their trees stay what the drafter makes of the
         roots. Drawn once, on the device, so that a timed dead step copies without synchronising."""
         if self._dead_roots is None:
