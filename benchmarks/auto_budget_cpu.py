@@ -6,8 +6,8 @@ Each round starts every server in turn (AR, DDTree 4, DDTree 16, auto: A, B, C, 
 load change on a shared machine hits all alike, and measures each with `specdeploy bench` at concurrency 1
 and 8 (closed loop, `--duration` seconds per cell, greedy, 64 new tokens) on the demo's built-in prompts (no
 network). Prints, and writes to `--out`, every cell's output tokens/s, the mean over rounds per server and
-concurrency, auto's ratio to the best of the others, and auto's chosen budgets and its predicted against
-realised acceptance (from its /server_info and the responses' meta_info).
+concurrency, auto's ratio to the best of the others (of the means, and each round's), and auto's chosen budgets
+and its predicted against realised acceptance (from its /server_info and the responses' meta_info).
 """
 
 from __future__ import annotations
@@ -157,9 +157,12 @@ def main() -> None:
     ratios = {}
     for c in CONCURRENCY:
         best = max((n for n in SERVERS if n != "auto"), key=lambda n: means[n][c])
-        ratios[c] = {"best_fixed": best, "auto_over_best": round(means["auto"][c] / means[best][c], 3)}
+        # each round's servers ran one after another: its own ratio shows how far the rounds spread
+        by_round = [round(a / b, 3) for a, b in zip(cells["auto"][c], cells[best][c], strict=True)]
+        ratios[c] = {"best_fixed": best, "auto_over_best": round(means["auto"][c] / means[best][c], 3),
+                     "auto_over_best_by_round": by_round}  # fmt: skip
         print(f"c={c}: " + ", ".join(f"{n} {means[n][c]:.1f}" for n in SERVERS)
-              + f"; auto / {best} = {ratios[c]['auto_over_best']:.3f}")  # fmt: skip
+              + f"; auto / {best} = {ratios[c]['auto_over_best']:.3f} (rounds: {by_round})")  # fmt: skip
     for i, one in enumerate(auto_rounds):
         for c, seen in one["by_concurrency"].items():
             print(f"auto round {i + 1} c={c}: {seen}")
