@@ -3,7 +3,7 @@
 For mla-moe-16b's 16 heads and Kimi's 64 (latent 512 + 64, values 128), each window and each count of query
 rows, times `masked_attention(..., value_up=)` replayed from a CUDA graph with the rows through the combine at
 every `triton_mla.CombineUpTiles` of the grid below, and through the combine and the matmul
-(`COMBINE_UP_ROWS = 0`), each output checked against the latter. Enough layers' caches and up-projections are
+(`COMBINE_UP_HEAD_ROWS = 0`), each output checked against the latter. Enough layers' caches and up-projections are
 cycled that no call finds the last one's in L2. Prints the fastest per case and the rows up to which the combine
 wins; writes JSON as it goes.
 
@@ -61,13 +61,13 @@ class Workload:
 
 def measure(workload: Workload, rows: int, tiles: CombineUpTiles | None) -> tuple[float, torch.Tensor]:
     """ms a layer and the last layer's output, with the rows through the combine at `tiles` (None: the matmul)."""
-    kept = triton_mla.COMBINE_UP_ROWS, triton_mla.COMBINE_UP
-    triton_mla.COMBINE_UP_ROWS = rows if tiles else 0
+    kept = triton_mla.COMBINE_UP_HEAD_ROWS, triton_mla.COMBINE_UP
+    triton_mla.COMBINE_UP_HEAD_ROWS = workload.q.shape[2] * rows if tiles else 0  # every (head, row) pair
     triton_mla.COMBINE_UP = tiles or kept[1]
     try:
         return workload.ms(), workload.run()
     finally:
-        triton_mla.COMBINE_UP_ROWS, triton_mla.COMBINE_UP = kept
+        triton_mla.COMBINE_UP_HEAD_ROWS, triton_mla.COMBINE_UP = kept
 
 
 def main() -> None:

@@ -100,20 +100,20 @@ CHECKS = textwrap.dedent(
             # loads of 32); value widths in one block and in two, the second partial
             from specdeploy.engine import triton_mla
 
-            kept = triton_mla.COMBINE_UP_ROWS
-            for rows in (b * tokens, 0):
-                triton_mla.COMBINE_UP_ROWS = rows
+            kept = triton_mla.COMBINE_UP_HEAD_ROWS
+            for head_rows in (b * tokens * group, 0):
+                triton_mla.COMBINE_UP_HEAD_ROWS = head_rows
                 for value_dim, tiles in ((24, None), (48, tk.AttentionTiles(64, 1024, 4, 2)),
                                          (16, tk.AttentionTiles(16, 16, 4, 2))):
                     value_up = torch.randn(group, 8 + value_dim, value_width)[:, 8:] / value_width**0.5
                     close(tk.masked_attention(q, keys, values, visible, 0.1, tiles, value_up),
                           attend_folded(q, keys, values, batch, 0.1, value_up))
             # the value block loaded before the splits, 8 splits a load (5 loads of the 40)
-            triton_mla.COMBINE_UP_ROWS, kept_tiles = b * tokens, triton_mla.COMBINE_UP
+            triton_mla.COMBINE_UP_HEAD_ROWS, kept_tiles = b * tokens * group, triton_mla.COMBINE_UP
             triton_mla.COMBINE_UP = triton_mla.CombineUpTiles(8, 4, True)
             close(tk.masked_attention(q, keys, values, visible, 0.1, tk.AttentionTiles(16, 16, 4, 2), value_up),
                   attend_folded(q, keys, values, batch, 0.1, value_up))
-            triton_mla.COMBINE_UP_ROWS, triton_mla.COMBINE_UP = kept, kept_tiles
+            triton_mla.COMBINE_UP_HEAD_ROWS, triton_mla.COMBINE_UP = kept, kept_tiles
 
     # fused MoE against the torch grouped GEMM: decode with shared experts (DeepSeek-V3), a verify of 5
     # tokens without (Qwen3-MoE; widths not multiples of the tiles), and 40 tokens (64-row blocks)

@@ -725,7 +725,7 @@ def masked_attention(
     `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices).
 
     MLA (one latent head, Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: each head's output is
-    mapped out through it -> [B, T, G * V], for up to `triton_mla.COMBINE_UP_ROWS` rows in the splits' combine
+    mapped out through it -> [B, T, G * V], for up to `triton_mla.COMBINE_UP_HEAD_ROWS` (head, row) pairs in the splits' combine
     (`triton_mla.combine_up`), for more by a batched matmul after it."""
     batch, kv_heads, group, tokens, width = q.shape
     window, value_dim = keys.shape[1], values.shape[-1]
@@ -743,8 +743,9 @@ def masked_attention(
     q = q.reshape(batch, kv_heads, rows, width)
     if q.stride(-1) != 1 or not q.is_contiguous():
         q = q.contiguous()
-    # up to COMBINE_UP_ROWS rows map their output out through value_up in the splits' combine; more take a matmul
-    up_in_combine = value_up is not None and batch * tokens <= triton_mla.COMBINE_UP_ROWS
+    # up to COMBINE_UP_HEAD_ROWS (head, row) pairs map their output out through value_up in the splits' combine;
+    # more take a matmul
+    up_in_combine = value_up is not None and batch * tokens * group <= triton_mla.COMBINE_UP_HEAD_ROWS
     single = splits == 1 and not up_in_combine
     if single:
         out = torch.empty(batch, tokens, kv_heads * group * value_dim, dtype=q.dtype, device=q.device)

@@ -116,11 +116,12 @@ def _mla_query_entry_kernel(
         tl.store(entry + L + rot, rotated.to(cache_ptr.dtype.element_ty))
 
 
-# The attention's output rows up to which `combine_up` maps them out in its combine; more rows take the combine
-# and a batched matmul, which reads each head's value up-projection once for all rows. On one H100, mla-moe-16b's
-# AR verify took 2.78 ms with one row there against 2.83 without; DFlash's 8-row verify 6.34 ms with 8 rows there
-# against 5.85 without (benchmarks/results/h200-2026-12-05-mla-fusions/call-3-h100/).
-COMBINE_UP_ROWS = 1
+# The (head, query row) pairs up to which `combine_up` maps the attention's output out in its combine; more take
+# the combine and a batched matmul, which reads each head's value up-projection once for all rows where each
+# combine program re-reads its head's block. On one H100 (benchmarks/results/gpu-2026-12-05-new-defaults/
+# call-1-h100/mla_combine_sweep.json, `COMBINE_UP` tiles) the combine won up to 8 rows of 16 heads (14.0 against
+# 17.7 us at a 640-slot window) and up to 2 rows of 64 heads (15.2 against 19.5 us), and tied or lost beyond.
+COMBINE_UP_HEAD_ROWS = 128
 
 
 class CombineUpTiles(NamedTuple):
@@ -132,8 +133,10 @@ class CombineUpTiles(NamedTuple):
     value_first: bool
 
 
-# Untimed against each other: benchmarks/mla_combine_sweep.py measures the choices.
-COMBINE_UP = CombineUpTiles(32, 8, False)
+# The fastest of benchmarks/mla_combine_sweep.py's grid on one H100, or within 2% of it, in each of its 16 cases
+# (16 and 64 heads, 1 to 8 rows, windows of 640 and 4096): at mla-moe-16b's AR step (16 heads, one row, 640
+# slots) 9.0 us against 11.9 at (32, 8, False), the setting before it was measured (same JSON as above).
+COMBINE_UP = CombineUpTiles(8, 4, False)
 
 
 @triton.jit
@@ -231,7 +234,8 @@ def combine_up(
     """The attention's splits parts [S, B, H * T, L], maxes and sums [S, B, H * T] (MLA's one latent head,
     query rows head-major) and value_up [H, V, L] (kv_b_proj's value half) -> [B, T, H * V] in value_up's
     dtype: each head's attended latent, rounded to that dtype, times its value up-projection. One program per
-    (head, block of value channels, row): for up to `COMBINE_UP_ROWS` rows, as each re-reads its block."""
+    (head, block of value channels, row): for up to `COMBINE_UP_HEAD_ROWS` (head, row) pairs, as each re-reads
+    its head's block."""
     splits, batch, head_rows, latent = parts.shape
     heads, value, _ = value_up.shape
     if value_up.stride(-1) != 1 or value_up.stride(1) != latent:
