@@ -12,7 +12,7 @@ mkdir -p "$R"
 pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/machine.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$R/machine.txt"
-timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_fastpath.py -k one_token \
+timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_fastpath.py \
   tests/test_decode_gpu.py -k "one_token or (fp32 and (kimi or deepseek))" > "$R/gpu_tests.log" 2>&1
 tail -2 "$R/gpu_tests.log"; pack
 rm -rf /tmp/before && mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp .ab/triton_moe.py /tmp/before/src/specdeploy/engine/
