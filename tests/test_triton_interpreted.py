@@ -167,8 +167,6 @@ CHECKS = textwrap.dedent(
                           (GemvTiles(4, 128, 4, 3), GemvTiles(32, 16, 4, 1)), None):
                 triton_moe.ONE_TOKEN = tiles
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
-                # the down kernel's last program per column tile left its count at zero for the next call
-                assert not any(counts.any() for counts in triton_moe._done_counts.get(x.device, []))
     triton_moe.ONE_TOKEN = default_tiles
 
 
@@ -236,7 +234,7 @@ CHECKS = textwrap.dedent(
     # more tokens than the counters held: larger ones are added and the first stay (a CUDA graph may use them)
     first = triton_moe.done_counts(x.device, 1)
     assert triton_moe.done_counts(x.device, first.numel() + 1) is not first
-    assert triton_moe._done_counts[x.device][-2] is first
+    assert triton_moe._done_counts[x.device][0] is first
 
     # Gated DeltaNet over draft trees: every token along its own root path, then the accepted path replayed
     import random

@@ -10,8 +10,8 @@ token picks with weight 1, read from their own tensors. Pairs are numbered route
 then one shared pair per token (N * k + token). Everything stays on the device (the block plan is one
 program sorting the pairs, or torch ops of fixed shapes for large prefills), so the step remains capturable
 in a CUDA graph. A single token (batch-1 decode) needs no plan and no tensor cores (`ONE_TOKEN`): two
-matrix-vector kernels read its experts from the routing, gate|up per (expert, column tile), then down per
-(column tile, expert), the last of a tile's experts to finish summing them all.
+matrix-vector kernels read its experts from the routing, gate|up per (expert, column tile), then down with the
+sum over the token's experts in the same program.
 
 Rounding follows the torch path in `moe.Experts` (projection outputs, SiLU and the weighted product round
 to the model dtype); the sum over a token's experts runs in float32 and rounds once.
@@ -238,36 +238,22 @@ def _down_gemv_kernel(
     w2_ptr, shared2_ptr,  # as _down_kernel's
     indices_ptr,  # [k] the token's routed experts
     weight_ptr,  # [k] their routing weights
-    partial_ptr,  # [k + 1, H] float32: each pair's output, rounded and weighted
-    arrived_ptr,  # [>= cdiv(H, BLOCK_N)] int32 `done_counts`, zero at the launch: pairs done per column tile
     out_ptr,  # [1, H] the token's MoE output
     top_k, hidden, inter, shared_inter, stride_we, stride_act,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # a program per (column tile, pair), so that the pairs' reads are in flight together
-    tile = tl.program_id(0)
-    pair = tl.program_id(1)
-    col = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
-    if pair < top_k:
+    total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
+    for pair in range(0, top_k):
         w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
         expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
-        value = _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
-    else:  # the shared expert, weight 1
-        value = _round(_gemv_tile(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
-                                  BLOCK_N, BLOCK_K), dtype)  # fmt: skip
-    tl.store(partial_ptr + pair * hidden + col, value, mask=col_ok)
-    pairs = tl.num_programs(1)
-    tl.debug_barrier()  # every thread's partial is stored before the count that publishes them
-    # the tile's last pair to arrive sums all of them in pair order, in float32 rounded once (as
-    # _sum_pairs_kernel), so the result does not depend on which ran first; it leaves the count at zero
-    if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel") == pairs - 1:
-        tl.store(arrived_ptr + tile, 0)
-        total = tl.zeros([BLOCK_N], tl.float32)
-        for other in range(0, pairs):
-            total += tl.load(partial_ptr + other * hidden + col, mask=col_ok, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
+        total += _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
+    if SHARED:  # weight 1
+        total += _round(_gemv_tile(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
+                                   BLOCK_N, BLOCK_K), dtype)  # fmt: skip
+    tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
 
 
 @triton.jit
@@ -459,12 +445,11 @@ def _one_token_moe(
         BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps, num_stages=gate_up.stages,
     )  # fmt: skip
     out = torch.empty_like(x)
-    tiles = triton.cdiv(hidden, down.block_n)
-    partial = torch.empty(top_k + int(has_shared), hidden, dtype=torch.float32, device=x.device)
-    _down_gemv_kernel[(tiles, top_k + int(has_shared))](
-        act, w2, shared2, indices, weights.contiguous(), partial, done_counts(x.device, tiles), out, top_k,
-        hidden, inter, shared_inter, w2.stride(0), act.stride(0),
-        BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps, num_stages=down.stages,
+    _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
+        act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
+        act.stride(0),
+        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
+        num_stages=down.stages,
     )  # fmt: skip
     return out
 
@@ -552,20 +537,19 @@ def sigmoid_top_k(
 # changes (benchmarks/results/h100-2026-12-05-one-token-moe/); 16 and fewer: a DFlash block's verify.
 ROUTE_TOKENS = 16
 ROUTE_BLOCK_E = 1  # experts per program
-# Each device's done-counts (`route`'s per token, the one-token down kernel's per column tile), the largest last:
-# a larger one is added when more are asked for, and the smaller ones stay, since CUDA graphs captured with them
-# go on using their memory.
+# Each device's done-counts, the largest last: a larger one is added when more tokens come, and the smaller
+# ones stay, since CUDA graphs captured with them go on using their memory.
 _done_counts: dict[torch.device, list[torch.Tensor]] = {}
 
 
-def done_counts(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` zeroed int32 counters on `device` (each kernel call leaves them at zero)."""
+def done_counts(device: torch.device, tokens: int) -> torch.Tensor:
+    """Zeroed int32 counters for `tokens` tokens on `device` (each kernel call leaves them at zero)."""
     kept = _done_counts.setdefault(device, [])
-    if not kept or kept[-1].numel() < count:
+    if not kept or kept[-1].numel() < tokens:
         # under capture the memory would be the graph's: graphs.py then runs the stage eagerly
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the done-counts are allocated in an eager call, not under capture")
-        kept.append(torch.zeros(max(count, ROUTE_TOKENS, 1), dtype=torch.int32, device=device))
+            raise RuntimeError("route: the done-counts are allocated in an eager call, not under capture")
+        kept.append(torch.zeros(max(tokens, ROUTE_TOKENS, 1), dtype=torch.int32, device=device))
     return kept[-1]
 
 
