@@ -4,7 +4,8 @@ The interpreter (test_triton_interpreted.py) runs a kernel's Python, so it canno
 rejects (a loop-carried variable whose shape changes, say). Here one process decodes with every model family,
 mode and a changing DDTree budget along the CUDA code path under Triton's interpreter
 (`SPECDEPLOY_TRITON=interpret`) and records each distinct launch: the kernel, its arguments' types and its
-constexprs. Another compiles each of them to a cubin with Triton's ahead-of-time compiler and its own ptxas.
+constexprs. Another compiles each of them to a cubin with Triton's ahead-of-time compiler and its own ptxas, with
+programmatic dependent launch on (`SPECDEPLOY_PDL=1`), so that its grid-dependency instructions compile too.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ COMPILE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    failures, done = [], set()
+    failures, done, waiting = [], set(), set()
     for launch in json.load(sys.stdin):
         kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
         signature, constants = {}, {}
@@ -110,11 +111,13 @@ COMPILE = textwrap.dedent(
             continue
         done.add(key)
         try:
-            triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                           options=launch["options"])
+            binary = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                    options=launch["options"])
+            if "griddepcontrol.wait" in binary.asm["ptx"]:
+                waiting.add(launch["name"])
         except Exception as exc:
             failures.append(f"{launch['name']} {constants}: {type(exc).__name__}: {str(exc)[-800:]}")
-    print(json.dumps({"compiled": len(done), "failures": failures}))
+    print(json.dumps({"compiled": len(done), "failures": failures, "waiting": sorted(waiting)}))
     """
 )
 
@@ -135,9 +138,12 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     assert expected <= names, expected - names
     compiled = subprocess.run(
         [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,
-        timeout=900, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)},  # compiled here, not found cached
+        # compiled here, not found cached; with programmatic dependent launch's wait in every kernel (`triton_launch`):
+        # the default leaves it out, which removes code and compiles wherever this compiles
+        timeout=900, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "SPECDEPLOY_PDL": "1"},
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     result = json.loads(compiled.stdout.strip().splitlines()[-1])
     assert not result["failures"], "\n".join(result["failures"])
     assert result["compiled"] >= len(names)
+    assert set(result["waiting"]) == names  # every kernel compiled with the wait for the kernel before it

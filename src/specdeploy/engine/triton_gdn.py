@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_launch import dependent_launch, launch_options
+
 EPS = 1e-6  # gated_delta_rule.l2norm's
 # The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and TREE_WARPS. A
 # module setting so that a benchmark can time or run a whole model with another (benchmarks/gdn_tree_rule_tiles.py).
@@ -78,6 +80,7 @@ def _tree_rule_kernel(
     scale, eps,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     bt, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, t = bt // tokens, bt % tokens
     key_head = head // groups
@@ -103,6 +106,7 @@ def _replay_kernel(
     groups, sk_l, sk_b, sk_t, sk_h, sv_l, sv_b, sv_t, sv_h, sd_l, sd_b, sd_t, sp_b, ss_l, ss_b, ss_h, eps,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     lb, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     layer, b = lb // rows, lb % rows  # every layer in one launch: rows share their path across layers
     offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
@@ -124,6 +128,7 @@ def _chain_rule_kernel(
     scale, eps,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     b, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // groups
     offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
@@ -187,7 +192,14 @@ def tree_rule(
     )  # fmt: skip
     bv, warps = TREE_TILES or (bv, TREE_WARPS)
     _tree_rule_kernel[(batch * tokens, heads, triton.cdiv(value_dim, bv))](
-        *args, DK=key_dim, DV=value_dim, BK=bk, BV=bv, BD=triton.next_power_of_2(depths), num_warps=warps
+        *args,
+        DK=key_dim,
+        DV=value_dim,
+        BK=bk,
+        BV=bv,
+        BD=triton.next_power_of_2(depths),
+        num_warps=warps,
+        **launch_options(),
     )
     return out
 
@@ -222,6 +234,7 @@ def replay(
         key, value, decay, beta, path, count, state, batch, heads // key_heads,
         *key.stride()[:4], *value.stride()[:4], *decay.stride()[:3], path.stride(0), *state.stride()[:3], EPS,
         DK=key_dim, DV=value_dim, BK=bk, BV=bv,
+        **launch_options(),
     )  # fmt: skip
 
 
@@ -253,6 +266,7 @@ def chain_rule(
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *decay.stride()[:2], *state.stride()[:2],
         *out.stride()[:3], key_dim**-0.5, EPS,
         DK=key_dim, DV=value_dim, BK=bk, BV=bv,
+        **launch_options(),
     )  # fmt: skip
     return out
 
@@ -265,6 +279,7 @@ def _gates_kernel(
     a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, decay_ptr, beta_ptr, tokens, heads,
     sa_b, sa_t, sb_b, sb_t, sd_b, sd_t, BH: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     row = tl.program_id(0)
     bi, t = row // tokens, row % tokens
     offs = tl.arange(0, BH)
@@ -298,6 +313,7 @@ def gates(
     _gates_kernel[(batch * tokens,)](
         a, b, a_log, dt_bias, decay, beta, tokens, heads, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         decay.stride(0), decay.stride(1), BH=triton.next_power_of_2(heads),
+        **launch_options(),
     )  # fmt: skip
 
 
@@ -306,6 +322,7 @@ def _conv_kernel(
     state_ptr, mixed_ptr, windows_ptr, weight_ptr, out_ptr, tokens, channels, history,
     ss_b, ss_t, sm_b, sm_t, sw_b, sw_t, so_b, so_t, WIDTH: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     row, cb = tl.program_id(0), tl.program_id(1)
     bi, t = row // tokens, row % tokens
     offs = cb * BC + tl.arange(0, BC)
@@ -339,6 +356,7 @@ def conv(
         state, mixed, windows, weight, out, tokens, channels, state.shape[1], state.stride(0), state.stride(1),
         mixed.stride(0), mixed.stride(1), windows.stride(0) if windows.shape[0] > 1 else 0, windows.stride(1),
         out.stride(0), out.stride(1), WIDTH=width, BC=block,
+        **launch_options(),
     )  # fmt: skip
 
 
@@ -347,6 +365,7 @@ def _gated_norm_kernel(
     x_ptr, gate_ptr, weight_ptr, out_ptr, heads, sg_row, sg_h, eps,
     D: tl.constexpr, BD: tl.constexpr, WEIGHT_FP32: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     row = tl.program_id(0)  # (token, head)
     token, head = row // heads, row % heads
     offs = tl.arange(0, BD)
@@ -378,6 +397,7 @@ def gated_norm(
     _gated_norm_kernel[(batch * tokens * heads,)](
         x, gate, weight, out, heads, row_stride, gate.stride(2), eps,
         D=dim, BD=triton.next_power_of_2(dim), WEIGHT_FP32=weight.dtype == torch.float32,
+        **launch_options(),
     )  # fmt: skip
     return out
 
@@ -387,6 +407,7 @@ def _conv_commit_kernel(
     conv_ptr, inputs_ptr, path_ptr, count_ptr, rows, channels, path_len,
     sc_l, sc_b, sc_t, si_l, si_b, si_t, sp_b, HISTORY: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     lb, cb = tl.program_id(0), tl.program_id(1)
     layer, bi = lb // rows, lb % rows
     conv_ptr += layer * sc_l + bi * sc_b
@@ -415,4 +436,5 @@ def conv_commit(conv: torch.Tensor, inputs: torch.Tensor, path: torch.Tensor, co
     _conv_commit_kernel[(layers * batch, triton.cdiv(channels, block))](
         conv, inputs, path, count, batch, channels, path.shape[1], *conv.stride()[:3], *inputs.stride()[:3],
         path.stride(0), HISTORY=history, BC=block,
+        **launch_options(),
     )  # fmt: skip

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from specdeploy.engine import triton_mla
+from specdeploy.engine.triton_launch import dependent_launch, launch_options
 
 
 @triton.jit
@@ -33,6 +34,7 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
 ):
+    dependent_launch()
     row = tl.program_id(0)
     n = row // heads
     h = row % heads
@@ -90,12 +92,14 @@ def rms_norm(
         HAS_RESIDUAL=residual is not None,
         ZERO_CENTERED=zero_centered,
         num_warps=max(1, min(16, block // 256)),
+        **launch_options(),
     )
     return out if residual is None else (out, res_out)
 
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, inter, stride_xn, BLOCK: tl.constexpr):
+    dependent_launch()
     row = tl.program_id(0)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = col < inter
@@ -114,7 +118,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(inter, block))](
-        rows, out, inter, rows.stride(0), BLOCK=block, num_warps=4
+        rows, out, inter, rows.stride(0), BLOCK=block, num_warps=4, **launch_options()
     )
     return out
 
@@ -153,6 +157,7 @@ def _qk_norm_rope_store_kernel(
     R: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
 ):
+    dependent_launch()
     row = tl.program_id(0)
     head = tl.program_id(1)  # query heads first, then key heads (each also stores its value head)
     b = row // tokens
@@ -250,6 +255,7 @@ def qk_norm_rope_store(
         R=cos.shape[-1],
         ZERO_CENTERED=zero_centered,
         num_warps=1 if dim <= 128 else 2,
+        **launch_options(),
     )
     return q_out
 
@@ -290,6 +296,7 @@ def _best_first_tree_kernel(
     CANDIDATES: tl.constexpr,  # power of two >= DEPTHS * K
     NODES: tl.constexpr,  # power of two >= budget + 1
 ):
+    dependent_launch()
     row = tl.program_id(0)
     logp = top_logp_ptr + row * DEPTHS * WIDTH
     scores = cand_score_ptr + row * DEPTHS * K
@@ -387,6 +394,7 @@ def _expected_lengths_kernel(
     PAIRS: tl.constexpr,
     CANDIDATES: tl.constexpr,  # power of two >= DEPTHS * K
 ):
+    dependent_launch()
     row = tl.program_id(0)
     logp = top_logp_ptr + row * DEPTHS * WIDTH
     scores = scores_ptr + row * DEPTHS * K
@@ -449,6 +457,7 @@ def expected_accept_lengths(top_logp: torch.Tensor, budgets: list[int]) -> torch
         PAIRS=triton.next_power_of_2(max(pair_parent.numel(), largest)),
         CANDIDATES=candidates,
         num_warps=8,
+        **launch_options(),
     )
     return out
 
@@ -464,6 +473,7 @@ def _ancestors_kernel(
     COLUMNS: tl.constexpr,
     CP: tl.constexpr,  # power of two >= COLUMNS
 ):
+    dependent_launch()
     row = tl.program_id(0)
     node = tl.program_id(1)
     n = tl.arange(0, NODES)
@@ -549,6 +559,7 @@ def best_first_tree(
         CANDIDATES=triton.next_power_of_2(depths * budget),
         NODES=triton.next_power_of_2(size),
         num_warps=8,
+        **launch_options(),
     )
     columns = 0 if paths is None else paths.shape[-1]
     assert paths is None or (paths.is_contiguous() and paths.shape[:2] == out.parents.shape)
@@ -562,6 +573,7 @@ def best_first_tree(
         COLUMNS=columns,
         CP=max(2, triton.next_power_of_2(columns)),
         num_warps=1,
+        **launch_options(),
     )
 
 
@@ -585,6 +597,7 @@ def _masked_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
     KEYS_ARE_VALUES: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     bh = tl.program_id(0)
     b = bh // kv_heads
     h = bh % kv_heads
@@ -659,6 +672,7 @@ def _combine_splits_kernel(
     part_ptr, max_ptr, sum_ptr, out_ptr, heads_rows, rows, tokens, kv_heads, splits,
     SPLITS: tl.constexpr, DV: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     index = tl.program_id(0)  # (batch * key head) * rows + row
     bh = index // rows
     row = index % rows
@@ -768,6 +782,7 @@ def masked_attention(
         D_MAIN=main, D_EXTRA=extra, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
         IEEE=q.dtype == torch.float32,  # float32 stays exact: Triton's default float32 dot rounds to TF32
         KEYS_ARE_VALUES=keys_are_values, num_warps=warps, num_stages=stages,
+        **launch_options(),
     )  # fmt: skip
     if up_in_combine:
         return triton_mla.combine_up(parts, maxes, sums, value_up, tokens)
@@ -776,6 +791,7 @@ def masked_attention(
         _combine_splits_kernel[(batch * kv_heads * rows,)](
             parts, maxes, sums, out, batch * kv_heads * rows, rows, tokens, kv_heads, splits,
             SPLITS=1 << (splits - 1).bit_length(), DV=value_dim, num_warps=4,
+            **launch_options(),
         )  # fmt: skip
     if value_up is not None:
         out = torch.einsum("btgr,gvr->btgv", out.view(batch, tokens, group, value_dim), value_up)

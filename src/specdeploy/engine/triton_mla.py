@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_launch import dependent_launch, launch_options
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -71,6 +73,7 @@ def _mla_query_entry_kernel(
     NOPE: tl.constexpr, L: tl.constexpr, R: tl.constexpr, INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     program = tl.program_id(0)
     dtype = query_ptr.dtype.element_ty
     latent_blocks: tl.constexpr = L // BLOCK_L
@@ -149,6 +152,7 @@ def _combine_up_kernel(
     splits, split_stride, tokens, heads, up_head, value_dim,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, VALUE_FIRST: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     value_blocks = tl.cdiv(value_dim, BLOCK_V)
     head = tl.program_id(0) // value_blocks
     v = (tl.program_id(0) % value_blocks) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -224,6 +228,7 @@ def mla_query_entry(
         tokens, rows, heads, nope, eps,
         NOPE=max(16, triton.next_power_of_2(nope)), L=latent, R=rope, INTERLEAVED=interleaved,
         BLOCK_T=16, BLOCK_L=block_l, IEEE=q.dtype == torch.float32, num_warps=4,
+        **launch_options(),
     )  # fmt: skip
     return query
 
@@ -246,5 +251,6 @@ def combine_up(
         parts, maxes, sums, value_up, out, splits, batch * head_rows, tokens, heads, value_up.stride(0), value,
         L=latent, BLOCK_S=min(COMBINE_UP.splits_per_load, triton.next_power_of_2(splits)), BLOCK_V=block_v,
         VALUE_FIRST=COMBINE_UP.value_first, num_warps=COMBINE_UP.warps,
+        **launch_options(),
     )  # fmt: skip
     return out

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_launch import dependent_launch, launch_options
+
 
 class Tiles(NamedTuple):
     """One grouped-GEMM kernel's launch shape: column tile, reduction tile, warps, pipeline stages."""
@@ -97,6 +99,7 @@ def _gate_up_kernel(
     pairs, routed_pairs, top_k, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     block = tl.program_id(0)
     expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
@@ -151,6 +154,7 @@ def _down_kernel(
     pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total_experts, stride_we, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     block = tl.program_id(0)
     expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
@@ -212,6 +216,7 @@ def _gate_up_gemv_kernel(
     top_k, hidden, inter, shared_inter, stride_we, stride_out,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     pair = tl.program_id(0)  # routed pairs, then the shared expert's
     if pair < top_k:
         w = w13_ptr + tl.load(indices_ptr + pair) * stride_we
@@ -242,6 +247,7 @@ def _down_gemv_kernel(
     top_k, hidden, inter, shared_inter, stride_we, stride_act,
     SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
@@ -265,6 +271,7 @@ def _plan_kernel(
     routed_pairs, pairs, num_experts, total_experts, slots, blocks,
     PB: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     i = tl.arange(0, PB)
     expert = tl.load(indices_ptr + i, mask=i < routed_pairs, other=num_experts).to(tl.int32)  # shared: E
     expert = tl.where(i < pairs, expert, total_experts)  # lanes past the pairs sort last
@@ -297,6 +304,7 @@ def _plan_kernel(
 def _sum_pairs_kernel(
     pair_ptr, out_ptr, routed_pairs, hidden, TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr
 ):
+    dependent_launch()
     token = tl.program_id(0)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = col < hidden
@@ -354,6 +362,7 @@ def kernel_plan(
         indices.reshape(-1), scratch, sorted_pairs, block_expert,
         routed, pairs, num_experts, total_experts, sorted_pairs.numel(), blocks,
         PB=power, BLOCK_M=block_m, num_warps=8 if power >= 2048 else 4,
+        **launch_options(),
     )  # fmt: skip
     return sorted_pairs, block_expert
 
@@ -406,6 +415,7 @@ def fused_moe(
         act.stride(0),
         BLOCK_M=block_m, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, IEEE=ieee,
         num_warps=gate_up.warps, num_stages=gate_up.stages,
+        **launch_options(),
     )  # fmt: skip
     per_pair = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(blocks, triton.cdiv(hidden, down.block_n))](
@@ -413,10 +423,19 @@ def fused_moe(
         pairs, routed_pairs, hidden, inter, shared_inter, num_experts, total, w2.stride(0), act.stride(0),
         BLOCK_M=block_m, BLOCK_N=down.block_n, BLOCK_K=down.block_k, IEEE=ieee,
         num_warps=down.warps, num_stages=down.stages,
+        **launch_options(),
     )  # fmt: skip
     out = torch.empty_like(x)
     _sum_pairs_kernel[(tokens, triton.cdiv(hidden, 1024))](
-        per_pair, out, routed_pairs, hidden, TOP_K=top_k, SHARED=has_shared, BLOCK=1024, num_warps=4
+        per_pair,
+        out,
+        routed_pairs,
+        hidden,
+        TOP_K=top_k,
+        SHARED=has_shared,
+        BLOCK=1024,
+        num_warps=4,
+        **launch_options(),
     )
     return out
 
@@ -443,6 +462,7 @@ def _one_token_moe(
     _gate_up_gemv_kernel[(top_k + int(has_shared), triton.cdiv(widest, gate_up.block_n))](
         x, w13, shared13, indices, act, top_k, hidden, inter, shared_inter, w13.stride(0), act.stride(0),
         BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps, num_stages=gate_up.stages,
+        **launch_options(),
     )  # fmt: skip
     out = torch.empty_like(x)
     _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
@@ -450,6 +470,7 @@ def _one_token_moe(
         act.stride(0),
         SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
         num_stages=down.stages,
+        **launch_options(),
     )  # fmt: skip
     return out
 
@@ -485,6 +506,7 @@ def _sigmoid_top_k_kernel(
     logits_ptr, bias_ptr, weights_ptr, indices_ptr, experts, scale,
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     _pick_top_k(logits_ptr, bias_ptr, weights_ptr, indices_ptr, tl.program_id(0), experts, scale,
                 TOP_K, E, K, NORMALIZE)  # fmt: skip
 
@@ -499,6 +521,7 @@ def _route_kernel(
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    dependent_launch()
     token = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < experts
@@ -526,6 +549,7 @@ def sigmoid_top_k(
         logits.contiguous(), bias, weights, indices, experts, scale,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
         num_warps=4,
+        **launch_options(),
     )  # fmt: skip
     return weights, indices
 
@@ -578,5 +602,6 @@ def route(
         x.contiguous(), router, bias, logits, weights, indices, counts, experts, hidden, scale,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
         BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
+        **launch_options(),
     )  # fmt: skip
     return weights, indices

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_launch import dependent_launch, launch_options
+
 
 def _width(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
@@ -35,6 +37,7 @@ def _walk_kernel(
     BLOCK: tl.constexpr,  # tree indices whose ancestors one pass of the loop reads
     PATH: tl.constexpr,  # power of two >= P
 ):
+    dependent_launch()
     row = tl.program_id(0)
     base = row * size
     n = tl.arange(0, NODES)
@@ -107,6 +110,7 @@ def walk(
         BLOCK=min(32, _width(size)),
         PATH=_width(path.shape[1]),
         num_warps=4,
+        **launch_options(),
     )
 
 
@@ -124,6 +128,7 @@ def _move_kernel(
     PATH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    dependent_launch()
     row, layer, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(length_ptr + row)
     prefix = tl.load(prefix_ptr + row)
@@ -162,6 +167,7 @@ def move_accepted(
             PATH=_width(width),
             BLOCK=block,
             num_warps=4,
+            **launch_options(),
         )
 
 
@@ -181,6 +187,7 @@ def _keep_features_kernel(
     TAKEN_IN: tl.constexpr,  # the pending features were taken in this step: the kept ones replace them
     BLOCK: tl.constexpr,
 ):
+    dependent_launch()
     row, e, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if TAKEN_IN:
         start = 0
@@ -218,6 +225,7 @@ def keep_features(
         TAKEN_IN=taken_in,
         BLOCK=block,
         num_warps=4,
+        **launch_options(),
     )
 
 
@@ -237,6 +245,7 @@ def _commit_rows_kernel(
     TAKEN_IN: tl.constexpr,
     OUT: tl.constexpr,  # power of two >= P + 1
 ):
+    dependent_launch()
     row = tl.program_id(0)
     length = tl.load(length_ptr + row)
     bonus = tl.load(bonus_ptr + row)
@@ -285,4 +294,5 @@ def commit_rows(
         TAKEN_IN=taken_in,
         OUT=_width(width + 1),
         num_warps=1,
+        **launch_options(),
     )

@@ -1,6 +1,6 @@
 """Runs a script with the MLA combine's settings before a5fb9ab: tiles (32, 8, False), one query row of 16 heads.
 
-    python old_combine.py benchmarks/ddtree_side_by_side.py --engine-only --shape mla-moe-16b --modes ar,dflash ...
+python old_combine.py benchmarks/ddtree_side_by_side.py --engine-only --shape mla-moe-16b --modes ar,dflash ...
 """
 
 import runpy
