@@ -5,9 +5,8 @@ before it on the stream still runs: its programs wait at their first instruction
 kernel has finished and its writes are visible, then let the next kernel launch. Every read and write thus keeps
 the stream's order, each kernel's wait covering the ones before it in turn; what it can save is the launch
 latency between kernels, a large share of a small model's step at batch 1 (a tiny zoo pair's DDTree step makes
-about 160 launches, mla-moe-16b's AR step 297). Off by default, and under
-Triton's interpreter, which has no launch to overlap: it has not yet run on a GPU, where
-`benchmarks/results/gpu-pdl-ab/run.sh` tests and times it.
+about 160 launches, mla-moe-16b's AR step 297). Off by default, and under Triton's interpreter, which has no
+launch to overlap: it has not yet run on a GPU, where `benchmarks/results/gpu-pdl-ab/run.sh` tests and times it.
 """
 
 from __future__ import annotations
