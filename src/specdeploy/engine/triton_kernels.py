@@ -739,8 +739,8 @@ def masked_attention(
     `default_attention_tiles` (benchmarks/attention_tile_sweep.py measures the choices).
 
     MLA (one latent head, Hkv = 1) may pass its value up-projection value_up [G, V, Dv]: each head's output is
-    mapped out through it -> [B, T, G * V], for up to `triton_mla.COMBINE_UP_HEAD_ROWS` (head, row) pairs in the splits' combine
-    (`triton_mla.combine_up`), for more by a batched matmul after it."""
+    mapped out through it -> [B, T, G * V], for up to `triton_mla.COMBINE_UP_HEAD_ROWS` (head, row) pairs in the
+    splits' combine (`triton_mla.combine_up`), for more by a batched matmul after it."""
     batch, kv_heads, group, tokens, width = q.shape
     window, value_dim = keys.shape[1], values.shape[-1]
     rows = group * tokens
