@@ -320,8 +320,8 @@ def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(
 def test_mla_attention_with_the_value_up_projection_equals_sdpa_and_einsum(tokens, window, dtype):
     """Kimi's widths (64 heads, latent 512 + 64, values 128): each head's output mapped out through kv_b_proj's
     value half (in the splits' combine up to COMBINE_UP_HEAD_ROWS (head, row) pairs, by a matmul after it beyond),
-    against SDPA and torch's batched matmul. In bf16 both round at different points: the kernels' result must be as close
-    to the float32 result as twice torch's bf16 path is."""
+    against SDPA and torch's batched matmul. In bf16 both round at different points: the kernels' result must be
+    as close to the float32 result as twice torch's bf16 path is."""
     from specdeploy.engine.forward_batch import ForwardBatch
     from specdeploy.engine.models import layers
 
