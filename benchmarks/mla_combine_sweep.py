@@ -4,8 +4,8 @@ For mla-moe-16b's 16 heads and Kimi's 64 (latent 512 + 64, values 128), each win
 rows, times `masked_attention(..., value_up=)` replayed from a CUDA graph with the rows through the combine at
 every `triton_mla.CombineUpTiles` of the grid below, and through the combine and the matmul
 (`COMBINE_UP_HEAD_ROWS = 0`), each output checked against the latter. Enough layers' caches and up-projections are
-cycled that no call finds the last one's in L2. Prints the fastest per case and the rows up to which the combine
-wins; writes JSON as it goes.
+cycled that no call finds the last one's in L2. Prints, per case, the fastest setting against the combine and
+matmul (the rows up to which the combine wins are read off them); writes JSON as it goes.
 
     python benchmarks/mla_combine_sweep.py --heads 16,64 --rows 1,2,4,8 --windows 640,4096 --out combine.json
 """

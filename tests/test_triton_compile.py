@@ -138,8 +138,8 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     assert expected <= names, expected - names
     compiled = subprocess.run(
         [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,
-        # compiled here, not found cached; with programmatic dependent launch's wait in every kernel (`triton_launch`):
-        # the default leaves it out, which removes code and compiles wherever this compiles
+        # compiled here, not found cached; with programmatic dependent launch's wait in every kernel
+        # (`triton_launch`): the default leaves it out, which removes code and compiles wherever this compiles
         timeout=900, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "SPECDEPLOY_PDL": "1"},
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stderr[-3000:]
