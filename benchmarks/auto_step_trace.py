@@ -53,12 +53,12 @@ def run_loop(
     if policy is not None:  # time the policy's own host work
         choose, observe = policy.choose, policy.observe
 
-        def timed_choose(running, window):
+        def timed_choose(running, windows):
             started = time.perf_counter()
-            budget = choose(running, window)
+            budget = choose(running, windows)
             timings["choose_s"] += time.perf_counter() - started
             if explain:  # after the timing: this is the diagnostic's own work
-                estimates.append({b: round(policy.throughput(running, b, window)) for b in policy.budgets})
+                estimates.append({b: round(policy.throughput(running, b, windows)) for b in policy.budgets})
             return budget
 
         def timed_observe(budget, accept_lengths, seconds=None, *args, **kwargs):

@@ -51,23 +51,23 @@ def main() -> None:
     )
     policy = BudgetPolicy(BUDGETS, cost, load_adds=True)
     rng = random.Random(0)
-    rows, window = args.rows, 256
+    rows, windows = args.rows, (256,) * len(BUDGETS)
     prediction = [[1 + 0.9 * min(b, 6) * rng.uniform(0.5, 0.7) for b in BUDGETS[1:]] for _ in range(rows)]
     accepted = [3] * rows
     for _ in range(2000):  # past the warm-up: calibration, load and overheads measured
-        budget = policy.choose(rows, window)
+        budget = policy.choose(rows, windows)
         policy.observe_overhead(5e-5)
         policy.observe(
-            budget, accepted if budget else [1] * rows, 6e-4, prediction if budget else None, window
+            budget, accepted if budget else [1] * rows, 6e-4, prediction if budget else None, windows
         )
     timings = {
-        "choose": per_call_us(lambda: policy.choose(rows, window), args.calls),
+        "choose": per_call_us(lambda: policy.choose(rows, windows), args.calls),
         "observe, a drafting step": per_call_us(
-            lambda: policy.observe(32, accepted, 6e-4, prediction, window), args.calls
+            lambda: policy.observe(32, accepted, 6e-4, prediction, windows), args.calls
         ),
         "observe_overhead": per_call_us(lambda: policy.observe_overhead(5e-5), args.calls),
         "refresh, then a ranking": per_call_us(
-            lambda: (policy.refresh(), policy.ranking(rows, window)), args.calls
+            lambda: (policy.refresh(), policy.ranking(rows, windows)), args.calls
         ),
     }
     for name, us in timings.items():

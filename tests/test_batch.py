@@ -446,7 +446,7 @@ def scripted_policy(cycle: list[int]):
     from specdeploy.engine.budget import BudgetPolicy
 
     class Scripted(BudgetPolicy):
-        def choose(self, running: int, window: int | None = None) -> int:
+        def choose(self, running: int, windows: tuple[int, ...] | None = None) -> int:
             self.choices += 1
             return cycle[self.choices % len(cycle)]
 
@@ -745,10 +745,54 @@ def test_the_step_cost_is_read_at_the_steps_attention_window():
     )
     for _ in range(3):  # trees that predict what is realised
         policy.observe(4, [2] * 8, expected=[[accept[4], accept[16]]] * 8)
+
+    def at(window: int) -> tuple[int, ...]:
+        return (window,) * len(budgets)
+
     for window in (64, 512, 2048, 4096):
         best = max(budgets, key=lambda b: accept[b] / seconds(8, b, window))
-        assert policy.choose(8, window) == best, window
-    assert policy.choose(8, 64) == 16 and policy.choose(8, 4096) == 0  # the trap a single window falls into
+        assert policy.choose(8, at(window)) == best, window
+    assert (
+        policy.choose(8, at(64)) == 16 and policy.choose(8, at(4096)) == 0
+    )  # the trap a single window falls into
+
+
+def test_each_budget_s_cost_is_read_at_the_window_its_own_step_reads():
+    """A large tree's verify crosses into the next attention window before a small one's does (on a GPU every
+    window is a power of two): just below a window's end, budget 16's step still reads the smaller window and
+    budget 64's the larger one, which costs far more here. Reading both at one window would pick 64."""
+    from specdeploy.engine.budget import BudgetPolicy
+
+    def seconds(rows: int, budget: int, window: int) -> float:  # weights, then attention over the window
+        return 1e-3 + 1e-7 * rows * (budget + 1) + (4e-3 if window > 512 else 0.0)
+
+    budgets = [16, 64]
+    accept = {16: 3.0, 64: 3.3}
+    policy = BudgetPolicy(
+        budgets, step_cost(seconds, budgets, [1, 8], windows=(512, 1024)), explore_every=1000
+    )
+    for _ in range(3):  # trees that predict what is realised
+        policy.observe(16, [3] * 8, expected=[[accept[16], accept[64]]] * 8)
+    assert policy.choose(8, (512, 512)) == 64  # both steps fit the smaller window: the larger tree wins
+    assert policy.choose(8, (512, 1024)) == 16  # only 64's verify reaches the larger one
+
+
+def test_a_runner_gives_each_budget_the_window_its_step_reads(pairs):
+    """`step_windows`: the window of the longest row's prefix plus its tree (DDTree's budget, with the root) or
+    its drafter's block, whichever reaches further; slots of 64 on the CPU."""
+    target, drafter = pairs["qwen3"]
+    engine = BatchEngine(target, drafter, "ddtree", 64, max_running=2, max_context=256)
+    runner = engine.runner
+    for n in (30, 50):
+        engine.submit(list(range(3, 3 + n)), SamplingParams(max_new_tokens=4))
+    while len(runner.running) < 2 or runner.prefill_remaining:
+        engine.iterate()
+    used = max(row.prefix for row in runner.running)
+    block = runner.block
+    assert 1 < block < 17 and used + 65 > 64 >= used + block  # so the windows below differ
+    reaches = [1, block, block, 17, 65]  # budgets 0 (an AR step), 1, 3 (within the block), 16, 64
+    assert runner.step_windows([0, 1, 3, 16, 64]) == tuple(runner.window(used + r) for r in reaches)
+    assert runner.step_windows([0, 64]) == (64, 128)
 
 
 def test_a_load_that_changes_while_one_budget_runs_does_not_make_the_others_look_cheap():
@@ -1024,10 +1068,11 @@ def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):
     windows: list[int] = []
     policy = scripted_policy([0, 4])
     choose = policy.choose
-    policy.choose = lambda running, window=None: windows.append(window) or choose(running, window)
+    policy.choose = lambda running, at=None: windows.append(at) or choose(running, at)
     engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=256, policy=policy)
     run(engine, [(0, [3, 17, 9, 41, 5], SamplingParams(max_new_tokens=100, ignore_eos=True))])
-    assert windows == sorted(windows) and set(windows) == {64, 128}
+    assert windows == sorted(windows) and {w for pair in windows for w in pair} == {64, 128}
+    assert all(ar <= drafting for ar, drafting in windows)  # budget 4's tree or block reaches at least as far
 
 
 def test_the_startup_step_cost_is_measured_by_dead_steps_that_leave_no_trace(pairs):

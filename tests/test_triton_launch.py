@@ -1,8 +1,9 @@
 """Every Triton kernel of the engine is launched with `launch_options()` and starts with `dependent_launch()`.
 
-With programmatic dependent launch on (`SPECDEPLOY_PDL=1`) a kernel starts while the one before it still runs; it
-keeps the stream's order only if its first instruction waits for that kernel. One kernel launched with the option
-but without the wait would read inputs not yet written, so this checks every launch site and every kernel.
+With programmatic dependent launch on (the default on sm_90 and later) a kernel starts while the one before it
+still runs; it keeps the stream's order only if its first instruction waits for that kernel. One kernel launched
+with the option but without the wait would read inputs not yet written, so this checks every launch site and every
+kernel.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "specdeploy" / "engine"
 
@@ -49,11 +52,12 @@ def test_every_kernel_launch_waits_for_the_kernel_before_it_under_pdl() -> None:
     assert seen >= 25  # the engine's kernels, not an empty match
 
 
-def test_pdl_is_off_by_default_and_under_the_interpreter() -> None:
+def test_pdl_is_off_without_a_hopper_gpu_when_asked_off_and_under_the_interpreter() -> None:
     code = "from specdeploy.engine import triton_launch as t; print(bool(t.PDL), t.launch_options())"
     env = {k: v for k, v in os.environ.items() if k not in ("SPECDEPLOY_PDL", "TRITON_INTERPRET")}
     runs = {
         "default": env,
+        "off": env | {"SPECDEPLOY_PDL": "0"},
         "asked": env | {"SPECDEPLOY_PDL": "1"},
         "interpreted": env | {"SPECDEPLOY_PDL": "1", "TRITON_INTERPRET": "1"},
     }
@@ -63,8 +67,10 @@ def test_pdl_is_off_by_default_and_under_the_interpreter() -> None:
         ).stdout.strip()
         for label, run_env in runs.items()
     }
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
     assert out == {
-        "default": "False {}",
+        "default": "True {'launch_pdl': True}" if hopper else "False {}",
+        "off": "False {}",
         "asked": "True {'launch_pdl': True}",
         "interpreted": "False {}",
     }

@@ -195,13 +195,13 @@ class BatchEngine:
         events = self._prefill()
         prefill_seconds = time.perf_counter() - started
         if self.running:
-            window = self.runner.draft_window()  # what the step's cost is read at
-            budget = None
+            budget, windows = None, None
             if self.policy is not None:
                 chosen_at = time.perf_counter()
-                budget = self.policy.choose(len(self.running), window)
+                windows = self.runner.step_windows(self.policy.budgets)  # what each budget's cost is read at
+                budget = self.policy.choose(len(self.running), windows)
                 self.loop.seconds["policy"] += time.perf_counter() - chosen_at
-            events += self._step(budget, window, prefill_seconds)
+            events += self._step(budget, windows, prefill_seconds)
         self._drop_finished()
         if not self.running:
             self._last_step_end = None  # the wait for requests is no step's overhead
@@ -261,7 +261,9 @@ class BatchEngine:
 
     # ---------------------------------------------------------------------------------------- decode
 
-    def _step(self, budget: int | None, window: int, prefill_seconds: float) -> list[Event]:
+    def _step(
+        self, budget: int | None, windows: tuple[int, ...] | None, prefill_seconds: float
+    ) -> list[Event]:
         """`prefill_seconds`: this iteration's prefill time; the time since the last step less it is the
         iteration's overhead."""
         events = []
@@ -286,7 +288,7 @@ class BatchEngine:
             events.append(self._event(request, tokens, verified))
         if policy is not None:
             accepted = [len(tokens) for tokens, _ in results]
-            self._unobserved.append(lambda: policy.observe(budget, accepted, seconds, expected, window))
+            self._unobserved.append(lambda: policy.observe(budget, accepted, seconds, expected, windows))
         return events
 
     def _fold_observations(self) -> None:
@@ -299,7 +301,7 @@ class BatchEngine:
             observe()
         self._unobserved.clear()
         if self.running:
-            self.policy.ranking(len(self.running), self.runner.draft_window())
+            self.policy.ranking(len(self.running), self.runner.step_windows(self.policy.budgets))
         self.loop.seconds["policy_overlapped"] += time.perf_counter() - started
 
     def _predicted(self, budget: int, expected: list[list[float]] | None, rows: int) -> list[float]:

@@ -12,15 +12,17 @@ policy keeps:
   start from distinct random roots, so that an MoE target's verify reaches about as many experts as real rows'
   does, `benchmarks/dead_step_moe.py`), every shape once per pass so that a change of load hits all budgets
   alike; counts and windows in between are interpolated (a step's attention reads its whole window: real steps
-  deep into their requests cost more than steps at the smallest window);
+  deep into their requests cost more than steps at the smallest window; each budget's step is read at the window
+  it reads, its verify's or its drafter's, the larger: a 64-node tree crosses into the next window 48 slots
+  before a 16-token block does);
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
   calibrates it by one factor, the ratio of realised to predicted accepted draft tokens over the drafting
   steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
 
-and picks, for r running requests at window w, the budget b that maximises r * accept(b) / cost(r, b, w), where
-cost is the start-up cost under the machine's load at the time, plus an iteration's overhead (the time from a
+and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b, w_b), where w_b is b's
+window and cost is the start-up cost under the machine's load at the time, plus an iteration's overhead (the time from a
 step's end to the next one's start: a server delivering every request's tokens, the host's bookkeeping; it
 weighs most on the shortest steps). The load is common to every budget, so budgets whose steps ran at
 different moments are still compared as if side by side; how it is learnt differs by device:
@@ -87,6 +89,11 @@ EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of 
 FAR_EXPLORE_SHARE = 0.02
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
+
+
+# the attention window (slots) a step reads at each budget, in the order of the policy's `budgets` (a larger tree's
+# verify may read a larger one: `StepRunner.step_windows`); None: the smallest the start-up cost measured
+Windows = tuple[int, ...] | None
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -213,6 +220,9 @@ class BudgetPolicy:
         if not budgets or min(budgets) < 0:
             raise SpecdeployError(f"budgets must be at least 0 (0: an AR step), got {budgets}")
         self.budgets = sorted(set(budgets))
+        self._position = {
+            b: i for i, b in enumerate(self.budgets)
+        }  # a budget's place in `budgets` and windows
         self.drafting = [b for b in self.budgets if b > 0]
         self.cost = cost
         self.explore_every = explore_every
@@ -229,7 +239,7 @@ class BudgetPolicy:
         self.choices = 0
         self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
         self._since_explored = 0  # choices since the last exploring one
-        # ((running, window), budget, the time credit it waits for) of the next exploring step, until a refresh
+        # ((running, windows), budget, the time credit it waits for) of the next exploring step, until a refresh
         self._exploring: tuple[tuple[int, int | None], int, float] | None = None
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
         # per (budget, row bucket): its recent steps' measured over predicted time, the load at their time taken out
@@ -242,13 +252,15 @@ class BudgetPolicy:
             lambda: deque(maxlen=COST_WINDOW)
         )
         self.overheads: deque[float] = deque(maxlen=COST_WINDOW)
+        # per row bucket, those after any budget's steps (what `load_adds` reads: one deque, not every budget's)
+        self.overheads_in: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=COST_WINDOW))
         self._last_step: tuple[int, int] | None = None  # (budget, row bucket) of the last observed step
         self.measured_at: dict[tuple[int, int], int] = {}  # (budget, row bucket) -> its last timed step
         self.steps_observed = 0
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
-        self._ranking_cache: dict[tuple[int, int | None], list[int]] = {}  # (running, window) -> ranking
-        self._seconds_cache: dict[tuple[int, int, int | None], float] = {}  # (running, budget, window) -> s
+        self._ranking_cache: dict[tuple[int, Windows], list[int]] = {}  # (running, windows) -> ranking
+        self._seconds_cache: dict[tuple[int, int, Windows], float] = {}  # (running, budget, windows) -> s
         self._overhead_cache: dict[
             tuple[int | None, int | None], float
         ] = {}  # (budget, bucket) -> overhead()
@@ -271,9 +283,9 @@ class BudgetPolicy:
             return float(budget + 1)
         return 1 + self.calibration() * (self.predicted[budget] - 1)
 
-    def step_seconds(self, running: int, budget: int, window: int | None = None) -> float:
-        """Seconds of one step by the start-up cost."""
-        return self.cost(running, budget, window)
+    def step_seconds(self, running: int, budget: int, windows: Windows = None) -> float:
+        """Seconds of one step by the start-up cost, at the attention window a step at `budget` reads."""
+        return self.cost(running, budget, None if windows is None else windows[self._position[budget]])
 
     def cost_ratio(self, budget: int, bucket: int) -> float:
         """The correction of `budget`'s start-up cost at running counts of row bucket `bucket`, relative to the
@@ -334,11 +346,12 @@ class BudgetPolicy:
         """Seconds an iteration spends outside its step (and any prefill) after a step at `budget` of row bucket
         `bucket` (a server delivers its tokens then): the median of the last measured after such steps, or after
         any step while fewer than MIN_SAMPLES were (0 before any). With `load_adds`, as for `load`, the mean
-        (`robust_mean`) of those after any budget's steps in the bucket."""
+        (`robust_mean`) of the last measured after any budget's steps in the bucket."""
         key = (None if self.load_adds else budget, bucket)  # with load_adds every budget shares it
         if key not in self._overhead_cache:
-            budgets = self.budgets if self.load_adds else [budget]
-            own = [s for b in budgets for s in self.overheads_by.get((b, bucket), ())]
+            own = list(
+                self.overheads_in.get(bucket, ()) if self.load_adds else self.overheads_by.get(key, ())
+            )
             if len(own) < MIN_SAMPLES:
                 own = list(self.overheads)
             average = robust_mean if self.load_adds else statistics.median
@@ -352,12 +365,13 @@ class BudgetPolicy:
         self.overheads.append(seconds)
         if self._last_step is not None:
             self.overheads_by[self._last_step].append(seconds)
+            self.overheads_in[self._last_step[1]].append(seconds)
 
     def throughput(
         self,
         running: int,
         budget: int,
-        window: int | None = None,
+        windows: Windows = None,
         load: float | None = None,
         overhead: float | None = None,
         corrected: bool = True,
@@ -365,14 +379,14 @@ class BudgetPolicy:
         """Tokens per second at `budget`, its step at the current load plus the overhead of an iteration
         (`load`, `overhead`: when already known; `corrected`: the start-up cost with the budget's correction,
         else as measured at start-up)."""
-        seconds = self.iteration_seconds(running, budget, window, load, overhead, corrected)
+        seconds = self.iteration_seconds(running, budget, windows, load, overhead, corrected)
         return running * self.estimate(budget) / max(seconds, 1e-9)
 
     def iteration_seconds(
         self,
         running: int,
         budget: int,
-        window: int | None = None,
+        windows: Windows = None,
         load: float | None = None,
         overhead: float | None = None,
         corrected: bool = True,
@@ -382,33 +396,44 @@ class BudgetPolicy:
         bucket = self.cost.rows_bucket(running)
         overhead = overhead if overhead is not None else self.overhead(budget, bucket)
         correction = self.cost_ratio(budget, bucket) if corrected else 1.0
-        return self.loaded(self.step_seconds(running, budget, window), correction, load) + overhead
+        return self.loaded(self.step_seconds(running, budget, windows), correction, load) + overhead
 
-    def ranking(self, running: int, window: int | None = None) -> list[int]:
+    def ranking(self, running: int, windows: Windows = None) -> list[int]:
         """The budgets by estimated tokens per second, best first (kept until the next refresh)."""
-        key = (running, window)
-        if key not in self._ranking_cache:
-            load = self.current_load()
-            self._ranking_cache[key] = sorted(
-                self.budgets, key=lambda b: -self.throughput(running, b, window, load)
-            )
-        return self._ranking_cache[key]
+        key = (running, windows)
+        ranked = self._ranking_cache.get(key)
+        if ranked is None:  # `throughput` of every budget, its parts read once (a server asks at every step)
+            load, bucket = self.current_load(), self.cost.rows_bucket(running)
+            corrections = self._corrections(bucket)
+            rate = {
+                b: running
+                * self.estimate(b)
+                / max(
+                    self.loaded(self.step_seconds(running, b, windows), corrections[b], load)
+                    + self.overhead(b, bucket),
+                    1e-9,
+                )
+                for b in self.budgets
+            }
+            ranked = self._ranking_cache[key] = sorted(self.budgets, key=rate.__getitem__, reverse=True)
+        return ranked
 
-    def choose(self, running: int, window: int | None = None) -> int:
-        """The budget for a step of `running` requests whose attention window is `window` (slots)."""
-        ranked = self.ranking(running, window)
+    def choose(self, running: int, windows: Windows = None) -> int:
+        """The budget for a step of `running` requests, each budget's step reading its attention window in
+        `windows`."""
+        ranked = self.ranking(running, windows)
         self.choices += 1
         choice = ranked[0]
         # with `load_adds` no budget's cost is measured apart: only AR steps, which predict nothing, are broken
         # by drafting ones, so that the trees' predictions stay fresh
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
-            self._explore_credit += self._chosen_seconds(running, choice, window) * FAR_EXPLORE_SHARE
+            self._explore_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
             if self._since_explored >= self.explore_every:
-                if self._exploring is None or self._exploring[0] != (running, window):
-                    explored, near = self._explored(running, window, ranked)
-                    seconds = 0.0 if near else self._exploring_loss(running, explored, choice, window)
-                    self._exploring = ((running, window), explored, seconds)
+                if self._exploring is None or self._exploring[0] != (running, windows):
+                    explored, near = self._explored(running, windows, ranked)
+                    seconds = 0.0 if near else self._exploring_loss(running, explored, choice, windows)
+                    self._exploring = ((running, windows), explored, seconds)
                 _, explored, seconds = self._exploring
                 if self._explore_credit >= seconds:
                     choice = explored
@@ -416,22 +441,22 @@ class BudgetPolicy:
         self.last_choice[running] = choice
         return choice
 
-    def _exploring_loss(self, running: int, explored: int, chosen: int, window: int | None) -> float:
+    def _exploring_loss(self, running: int, explored: int, chosen: int, windows: Windows) -> float:
         """Seconds an iteration at `explored` is estimated to lose against one at `chosen`: its time less the
         time `chosen` takes to commit as many tokens (an AR step explored beside a slow drafting budget loses
         little; a large tree explored beside AR steps at many requests loses most of its time)."""
-        seconds = self.iteration_seconds(running, explored, window)
-        chosen_seconds = self._chosen_seconds(running, chosen, window)
+        seconds = self.iteration_seconds(running, explored, windows)
+        chosen_seconds = self._chosen_seconds(running, chosen, windows)
         return max(0.0, seconds - chosen_seconds * self.estimate(explored) / self.estimate(chosen))
 
-    def _chosen_seconds(self, running: int, budget: int, window: int | None) -> float:
+    def _chosen_seconds(self, running: int, budget: int, windows: Windows) -> float:
         """`iteration_seconds` of a chosen budget, kept until the next refresh (choose reads it every step)."""
-        key = (running, budget, window)
+        key = (running, budget, windows)
         if key not in self._seconds_cache:
-            self._seconds_cache[key] = self.iteration_seconds(running, budget, window)
+            self._seconds_cache[key] = self.iteration_seconds(running, budget, windows)
         return self._seconds_cache[key]
 
-    def _explored(self, running: int, window: int | None, ranked: list[int]) -> tuple[int, bool]:
+    def _explored(self, running: int, windows: Windows, ranked: list[int]) -> tuple[int, bool]:
         """The budget an exploring step measures: the best one whose cost in this row bucket is not yet
         measured; once all are, of the others that the start-up cost alone (no correction) rates within
         EXPLORE_WITHIN of the best of them, the one measured there longest ago. A correction is only as fresh
@@ -440,7 +465,7 @@ class BudgetPolicy:
         EXPLORE_WITHIN of the budget chosen (`ranked[0]`)."""
         bucket = self.cost.rows_bucket(running)
         load, overhead = self.current_load(), self.overhead()
-        prior = {b: self.throughput(running, b, window, load, overhead, corrected=False) for b in ranked}
+        prior = {b: self.throughput(running, b, windows, load, overhead, corrected=False) for b in ranked}
         unmeasured = [b for b in ranked[1:] if len(self.cost_ratios.get((b, bucket), ())) < MIN_SAMPLES]
         if unmeasured:
             explored = unmeasured[0]
@@ -456,13 +481,13 @@ class BudgetPolicy:
         accept_lengths: list[int],
         seconds: float | None = None,
         expected: list[list[float]] | None = None,
-        window: int | None = None,
+        windows: Windows = None,
     ) -> None:
         """Fold in one step at `budget`: the tokens each running request committed, the step's measured time
-        (`seconds`, when known, at attention `window`) and, for a drafting step, each request's tree
+        (`seconds`, when known, its attention window in `windows`) and, for a drafting step, each request's tree
         prediction at every drafting budget (`expected`, rows in the order of `drafting`)."""
         if seconds is not None:
-            step_seconds = self.step_seconds(len(accept_lengths), budget, window)
+            step_seconds = self.step_seconds(len(accept_lengths), budget, windows)
             if step_seconds > 0:
                 load = self.load()
                 bucket = self.cost.rows_bucket(len(accept_lengths))

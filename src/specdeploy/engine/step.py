@@ -435,8 +435,19 @@ class StepRunner:
 
     def draft_window(self) -> int:
         """The attention window of the next step's drafter pass (its verify's too, but for trees deeper than a
-        block): what a dead step at that window costs is what the step costs."""
+        block)."""
         return self.window(max(row.prefix for row in self.running) + self.block)
+
+    def step_windows(self, budgets: list[int]) -> tuple[int, ...]:
+        """The attention window the next step reads at each of `budgets`: its verify's (the longest running
+        row's prefix and its tree) or its drafter pass's, the larger. A dead step at that window costs what the
+        step costs; a large tree's verify crosses into a larger window before the drafter's block does."""
+        used = max(row.prefix for row in self.running)
+        windows = []
+        for budget in budgets:
+            size = self.tree_size(budget)
+            windows.append(self.window(used + max(self.block if size > 0 else 1, size + 1)))
+        return tuple(windows)
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
