@@ -189,9 +189,6 @@ class StepRunner:
         self.steps_since_prediction = PREDICT_EVERY
         self.predictions_made = 0
         self.expected: list[list[float]] | None = None  # the last step's if it predicted: per row, per budget
-        self._reaches: dict[
-            tuple[int, ...], list[int]
-        ] = {}  # budgets -> slots each one's step reads (`step_windows`)
         self._allocate()
 
     @property
@@ -446,15 +443,11 @@ class StepRunner:
         row's prefix and its tree) or its drafter pass's, the larger. A dead step at that window costs what the
         step costs; a large tree's verify crosses into a larger window before the drafter's block does."""
         used = max(row.prefix for row in self.running)
-        key = tuple(budgets)
-        reaches = self._reaches.get(key)
-        if reaches is None:  # slots past the prefix each budget's step reads (a policy asks at every step)
-            sizes = [self.tree_size(budget) for budget in budgets]
-            reaches = self._reaches[key] = [max(self.block if n > 0 else 1, n + 1) for n in sizes]
-        low, high = self.window(used + min(reaches)), self.window(used + max(reaches))
-        if low == high:  # most steps: every budget's step reads one window
-            return (low,) * len(reaches)
-        return tuple(self.window(used + reach) for reach in reaches)
+        windows = []
+        for budget in budgets:
+            size = self.tree_size(budget)
+            windows.append(self.window(used + max(self.block if size > 0 else 1, size + 1)))
+        return tuple(windows)
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
