@@ -163,6 +163,9 @@ class StepRunner:
         self.target, self.drafter, self.mode = target, drafter, mode
         weight = target.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
+        self.on_gpu = (
+            self.device.type == "cuda"
+        )  # read by `window` at every step (device.type is slow to read)
         self.rows = rows
         self.block = drafter.block_size if drafter is not None else 1
         self.pending_limit = PENDING_BLOCKS * self.block
@@ -189,6 +192,8 @@ class StepRunner:
         self.steps_since_prediction = PREDICT_EVERY
         self.predictions_made = 0
         self.expected: list[list[float]] | None = None  # the last step's if it predicted: per row, per budget
+        # budgets -> (slots each one's step reads past the prefix, the fewest, the most): `step_windows`
+        self._reaches: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
         self._allocate()
 
     @property
@@ -443,15 +448,21 @@ class StepRunner:
         row's prefix and its tree) or its drafter pass's, the larger. A dead step at that window costs what the
         step costs; a large tree's verify crosses into a larger window before the drafter's block does."""
         used = max(row.prefix for row in self.running)
-        windows = []
-        for budget in budgets:
-            size = self.tree_size(budget)
-            windows.append(self.window(used + max(self.block if size > 0 else 1, size + 1)))
-        return tuple(windows)
+        key = tuple(budgets)
+        reaches = self._reaches.get(key)
+        if reaches is None:  # slots past the prefix each budget's step reads, its smallest and its largest
+            sizes = [self.tree_size(budget) for budget in budgets]
+            each = [max(self.block if n > 0 else 1, n + 1) for n in sizes]
+            reaches = self._reaches[key] = (each, min(each), max(each))
+        each, low, high = reaches
+        window = self.window(used + low)
+        if window == self.window(used + high):  # on a GPU most steps: every budget's step reads one window
+            return (window,) * len(each)
+        return tuple(self.window(used + reach) for reach in each)
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
-        if self.device.type == "cuda":
+        if self.on_gpu:
             return min(self.cache.capacity, max(256, 1 << (used - 1).bit_length()))
         return min(self.cache.capacity, round_up(used, 64))
 
