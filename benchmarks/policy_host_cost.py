@@ -5,7 +5,9 @@
 A `BudgetPolicy` over budgets 0-64 with a synthetic start-up cost (three windows, row counts 1 to 64) and load
 added (a GPU's policy), warmed with drafting steps, then timed call by call: `choose` (a cached ranking), `observe`
 of a drafting step with every row's tree prediction, `observe_overhead`, and a refresh followed by a new ranking
-(every REFRESH_EVERY steps in the engine). Prints microseconds per call; the policy's decisions are not the point.
+(every REFRESH_EVERY steps in the engine); then `StepRunner.step_windows`, which the batch engine calls before
+each auto step, on tiny-code's runner with as many requests. Prints microseconds per call; the policy's decisions
+are not the point.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+import torch  # noqa: E402
+
+from specdeploy.engine.batch import BatchEngine  # noqa: E402
 from specdeploy.engine.budget import BudgetPolicy, CostCurve, StepCost  # noqa: E402
+from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
+from specdeploy.engine.sampling import SamplingParams  # noqa: E402
+from specdeploy.zoo.registry import resolve_models  # noqa: E402
 
 BUDGETS = [0, 1, 2, 4, 8, 16, 32, 64]
 ROWS_MEASURED = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
@@ -70,8 +78,33 @@ def main() -> None:
             lambda: (policy.refresh(), policy.ranking(rows, windows)), args.calls
         ),
     }
+    timings.update(step_windows_us(rows, args.calls))
     for name, us in timings.items():
         print(f"{name:26s} {us:7.2f} us a call ({rows} rows)")
+
+
+def step_windows_us(rows: int, calls: int) -> dict[str, float]:
+    """`StepRunner.step_windows` (each budget's attention window, read before every auto step) on the CPU's
+    windows (slots of 64) and on a GPU's (powers of two, from 256), with `rows` requests of tiny-code running."""
+    engine = BatchEngine(*tiny_code(), "ddtree", max(BUDGETS), max_running=rows, max_context=512)
+    for i in range(rows):
+        engine.submit(list(range(5, 40 + i)), SamplingParams(max_new_tokens=64, ignore_eos=True))
+    runner = engine.runner
+    while len(runner.running) < rows or runner.prefill_remaining:
+        engine.iterate()
+    timings = {"step_windows, CPU windows": per_call_us(lambda: runner.step_windows(BUDGETS), calls)}
+    runner.on_gpu = True  # the GPU's window sizes; nothing runs on the device
+    timings["step_windows, GPU windows"] = per_call_us(lambda: runner.step_windows(BUDGETS), calls)
+    return timings
+
+
+def tiny_code():
+    """The zoo's tiny-code target and drafter, in float32 on the CPU."""
+    target_path, draft_path = resolve_models("zoo:tiny-code", None, "ddtree", max(BUDGETS))
+    cpu = torch.device("cpu")
+    return load_target(target_path, device=cpu, dtype=torch.float32), load_drafter(
+        draft_path, device=cpu, dtype=torch.float32
+    )
 
 
 if __name__ == "__main__":
