@@ -1061,6 +1061,29 @@ def test_the_first_drafting_steps_and_the_first_after_ar_steps_predict(pairs, mo
     assert all(gap >= 5 for gap in gaps)  # then never closer than every five steps
 
 
+def test_a_request_that_leaves_finds_the_next_ranking_already_made(pairs):
+    """While a step runs the engine ranks the budgets for the running count and one fewer and one more, so
+    that the choice after a request leaves (or joins) reads a ranking made off the step's critical path."""
+    target, drafter = pairs["qwen3"]
+    policy = scripted_policy([4])
+    made: list[bool] = []  # per choice: whether its ranking existed already
+    choose = policy.choose
+
+    def recording(running, windows=None):
+        made.append((running, windows) in policy._ranking_cache)
+        policy.ranking(running, windows)  # what the real policy's choice reads
+        return choose(running, windows)
+
+    policy.choose = recording
+    engine = BatchEngine(target, drafter, "ddtree", 4, max_running=3, max_context=256, policy=policy)
+    lengths = [4, 12, 30]  # two requests leave while others run, all within one window of 64 slots
+    out = run(
+        engine, [(0, [3, 17, 9, 41, 5], SamplingParams(max_new_tokens=n, ignore_eos=True)) for n in lengths]
+    )
+    assert sorted(len(tokens) for tokens in out["outputs"].values()) == lengths
+    assert len(made) > 20 and all(made[3:])  # after the first steps (no observation folded in yet), every one
+
+
 def test_an_engine_reads_its_steps_cost_at_their_growing_windows(pairs):
     """The windows the engine passes to the policy are those its steps attend over: they grow with the
     request (slots of 64 on the CPU), from the prompt plus a block to past the 100 tokens generated."""

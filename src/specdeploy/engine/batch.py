@@ -293,7 +293,8 @@ class BatchEngine:
 
     def _fold_observations(self) -> None:
         """Fold the policy's pending observations in, and rank the budgets for the running requests as they
-        stand, so that the next choice reads a ranking already made."""
+        stand, one fewer and one more, so that the next choice reads a ranking already made: under load a
+        request leaves or joins at most iterations, and a ranking made then would delay the next step."""
         if not self._unobserved:
             return
         started = time.perf_counter()
@@ -301,7 +302,10 @@ class BatchEngine:
             observe()
         self._unobserved.clear()
         if self.running:
-            self.policy.ranking(len(self.running), self.runner.step_windows(self.policy.budgets))
+            windows, running = self.runner.step_windows(self.policy.budgets), len(self.running)
+            for count in (running, running - 1, running + 1):
+                if 1 <= count <= self.max_running:
+                    self.policy.ranking(count, windows)
         self.loop.seconds["policy_overlapped"] += time.perf_counter() - started
 
     def _predicted(self, budget: int, expected: list[list[float]] | None, rows: int) -> list[float]:
