@@ -402,18 +402,10 @@ class BudgetPolicy:
         """The budgets by estimated tokens per second, best first (kept until the next refresh)."""
         key = (running, windows)
         ranked = self._ranking_cache.get(key)
-        if ranked is None:  # `throughput` of every budget, its parts read once (a server asks at every step)
+        if ranked is None:
             load, bucket = self.current_load(), self.cost.rows_bucket(running)
-            corrections = self._corrections(bucket)
             rate = {
-                b: running
-                * self.estimate(b)
-                / max(
-                    self.loaded(self.step_seconds(running, b, windows), corrections[b], load)
-                    + self.overhead(b, bucket),
-                    1e-9,
-                )
-                for b in self.budgets
+                b: self.throughput(running, b, windows, load, self.overhead(b, bucket)) for b in self.budgets
             }
             ranked = self._ranking_cache[key] = sorted(self.budgets, key=rate.__getitem__, reverse=True)
         return ranked
