@@ -980,7 +980,7 @@ def test_the_policy_folds_a_step_in_while_the_next_one_runs_and_every_step_once_
     engine = BatchEngine(target, drafter, "ddtree", 4, max_running=2, max_context=128, policy=policy)
     runner_step, folded = engine.runner.step, []
 
-    def step(budget, while_running=None):
+    def step(budget, while_running=None, predict=False):
         def hook():
             before = policy.steps_observed
             while_running()
@@ -1013,8 +1013,8 @@ def assert_step_predictions_are_the_trees_own(target, drafter) -> None:
     runner.predict_acceptance(policy.drafting, every=1)
     runner_step, predictions = runner.step, []
 
-    def step(budget, while_running=None):
-        results = runner_step(budget, while_running)
+    def step(budget, while_running=None, predict=False):
+        results = runner_step(budget, while_running, predict)
         logprobs = torch.log_softmax(runner.draft_logits[: runner.active].float(), dim=-1)
         own = expected_accept_lengths(logprobs, policy.drafting)
         torch.testing.assert_close(torch.tensor(runner.expected), own.cpu(), rtol=1e-5, atol=1e-6)
@@ -1044,8 +1044,8 @@ def test_the_first_drafting_steps_and_the_first_after_ar_steps_predict(pairs, mo
     runner.predict_acceptance(policy.drafting, every=5)
     runner_step, steps = runner.step, []
 
-    def step(budget, while_running=None):
-        results = runner_step(budget, while_running)
+    def step(budget, while_running=None, predict=False):
+        results = runner_step(budget, while_running, predict)
         steps.append((budget, runner.expected is not None))
         return results
 

@@ -13,8 +13,12 @@ from test_batch import (
     assert_padded_first_chunk_writes_what_its_own_size_writes,
     assert_step_predictions_are_the_trees_own,
 )
+from test_budget_calibration import assert_a_step_tells_what_each_smaller_budget_commits
 
 from specdeploy.engine.loading import load_drafter, load_target
+from specdeploy.engine.runtime import load_tokenizer
+from specdeploy.zoo.prompts import DEMO_PROMPTS
+from specdeploy.zoo.registry import resolve_pair
 
 pytestmark = [
     pytest.mark.gpu,
@@ -71,3 +75,15 @@ def test_a_captured_padded_first_chunk_writes_what_an_eager_chunk_of_its_own_siz
 def test_each_predicting_step_on_cuda_reads_back_its_own_trees_prediction(pairs, family):
     """The prediction comes back through pinned memory, copied before the step's tokens (test_batch's twin)."""
     assert_step_predictions_are_the_trees_own(*pairs[family])
+
+
+def test_a_predicting_step_on_cuda_tells_what_each_smaller_budget_would_have_committed():
+    """The node scores from the captured tree stage and the accepted path, read back through pinned memory,
+    against steps run at each smaller budget (test_budget_calibration's twin, the shipped tiny-code in fp32)."""
+    target_dir, draft_dir = resolve_pair("tiny-code")
+    tokenize = load_tokenizer(target_dir)
+    assert_a_step_tells_what_each_smaller_budget_commits(
+        load_target(target_dir, "cuda", torch.float32),
+        load_drafter(draft_dir, "cuda", torch.float32),
+        [tokenize(text)["input_ids"] for text in DEMO_PROMPTS[:2]],
+    )

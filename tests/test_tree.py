@@ -13,6 +13,8 @@ from specdeploy.engine.tree import (
     best_first_tree,
     chain_tree,
     expected_accept_lengths,
+    node_scores,
+    realised_accept_lengths,
     top_k,
     walk,
 )
@@ -100,6 +102,34 @@ def test_expected_accept_lengths_sum_the_best_prefixes_of_every_budget():
         path_logp[node] = path_logp[parent] + float(wide[tree.depths[node - 1] - 1, token])
     want = 1 + sum(math.exp(v) for node, v in path_logp.items() if node)
     assert float(expected_accept_lengths(wide[None], [64])[0, 0]) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_tells_what_every_smaller_budget_would_have_accepted(seed: int):
+    """`realised_accept_lengths` from one step's tree and walk against walking each smaller budget's own tree
+    (built anew) under the same target: a target that follows a fixed sequence drawn from the draft, so that
+    paths run deep and part at every depth. Budgets above the tree's size are unknown (NaN)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, depths, vocab, size = 16, 6, 9, 32
+    logprobs = torch.log_softmax(torch.randn(rows, depths, vocab, generator=gen) * 2.5, dim=-1)
+    sequence = torch.multinomial(logprobs.exp().flatten(0, 1), 1, generator=gen).view(rows, depths)
+    sequence = torch.cat([sequence, torch.zeros(rows, 1, dtype=torch.long)], dim=1)  # after the deepest node
+    root = torch.zeros(rows, dtype=torch.long)
+
+    def walked(budget: int):
+        tree = best_first_tree(root, logprobs, budget)
+        return tree, walk(tree, sequence.gather(1, tree.depths), depths)  # the target's token after each node
+
+    tree, acceptance = walked(size)
+    budgets = [1, 2, 3, 5, 8, 13, 32, 64]
+    got = realised_accept_lengths(node_scores(tree, logprobs), acceptance.path, acceptance.length, budgets)
+    for column, budget in enumerate(budgets):
+        if budget > size:
+            assert got[:, column].isnan().all()
+            continue
+        assert got[:, column].tolist() == walked(budget)[1].length.float().tolist(), budget
+    assert got[:, budgets.index(32)].tolist() == acceptance.length.float().tolist()
+    assert len(set(got[:, budgets.index(3)].tolist())) > 1 and got[:, -2].max() > 3  # paths of many lengths
 
 
 def test_best_first_tree_pads_when_there_are_fewer_prefixes_than_the_budget():

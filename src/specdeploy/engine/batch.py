@@ -28,6 +28,7 @@ from specdeploy.engine.budget import BudgetPolicy, measure_step_cost
 from specdeploy.engine.request import Step, StopRules, check_mode
 from specdeploy.engine.sampling import SamplingParams, UniformStream
 from specdeploy.engine.step import DEFAULT_PREFILL_TOKENS, StepRunner
+from specdeploy.engine.tree import realised_accept_lengths
 from specdeploy.errors import SpecdeployError
 
 
@@ -272,8 +273,11 @@ class BatchEngine:
         if policy is not None and self._last_step_end is not None:
             gap = started - self._last_step_end - prefill_seconds
             self._unobserved.append(lambda: policy.observe_overhead(gap))
-        results = self.runner.step(budget, self._fold_observations if policy is not None else None)
-        expected = self.runner.expected
+        predict = False
+        if policy is not None:  # an acceptance-exploring step predicts, whatever the runner's cadence
+            predict, policy.predict_next = policy.predict_next, False
+        results = self.runner.step(budget, self._fold_observations if policy is not None else None, predict)
+        expected, walked = self.runner.expected, self.runner.walked
         seconds = time.perf_counter() - started
         self._last_step_end = started + seconds  # what follows (events, a server's delivery) is overhead
         self.loop.steps += 1
@@ -288,7 +292,16 @@ class BatchEngine:
             events.append(self._event(request, tokens, verified))
         if policy is not None:
             accepted = [len(tokens) for tokens, _ in results]
-            self._unobserved.append(lambda: policy.observe(budget, accepted, seconds, expected, windows))
+
+            def observe() -> (
+                None
+            ):  # folded in while the next step runs, what each budget would have committed too
+                realised = (
+                    None if walked is None else realised_accept_lengths(*walked, policy.drafting).tolist()
+                )
+                policy.observe(budget, accepted, seconds, expected, windows, realised)
+
+            self._unobserved.append(observe)
         return events
 
     def _fold_observations(self) -> None:
@@ -315,7 +328,7 @@ class BatchEngine:
         if budget == 0:
             return [1.0] * rows
         policy = self.policy
-        scale = policy.calibration()
+        scale = policy.calibration(budget)
         if expected is None:
             return [1 + scale * (policy.predicted[budget] - 1)] * rows
         column = policy.drafting.index(budget)

@@ -18,8 +18,13 @@ policy keeps:
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
-  calibrates it by one factor, the ratio of realised to predicted accepted draft tokens over the drafting
-  steps run (at whatever budget each ran), so no budget needs to be tried to be estimated;
+  calibrates each budget by what its own tree would have committed over what it predicted, on the predicting
+  steps whose tree held it: a smaller budget's tree is the best-scored prefix of the tree run, so a step tells
+  what every smaller budget would have accepted (`tree.realised_accept_lengths`), and while a smaller budget
+  is chosen one predicting step in ACCEPT_EXPLORE_EVERY runs the largest (the draft's probabilities misjudge
+  small and large trees differently: one factor, learnt at the budget run, kept tiny-code at budget 32 on an
+  H100 where 64 committed 17% more tokens for 7% more time); a budget not yet calibrated so takes one factor,
+  the ratio of realised to predicted accepted draft tokens over the drafting steps run;
 
 and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b, w_b), where w_b is b's
 window and cost is the start-up cost under the machine's load at the time, plus an iteration's overhead (the time from a
@@ -62,6 +67,7 @@ the next step runs.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
 from collections import defaultdict, deque
@@ -87,6 +93,10 @@ EXPLORE_WITHIN = 0.75  # exploring steps measure budgets rated >= this share of 
 # lose (`_exploring_loss`): where they do not pay, that time is lost, on a GPU (random weights, drafting steps
 # breaking runs of AR steps) as on a CPU (tiny-code at 8 requests, where AR wins)
 FAR_EXPLORE_SHARE = 0.02
+# while a smaller budget is chosen, one predicting step in this many runs the largest: such a step tells what every
+# budget's own tree would have committed (`tree.realised_accept_lengths`), so each budget's calibration stays
+# fresh; about one step in 49 (predictions come every 16th step, `step.PREDICT_EVERY`)
+ACCEPT_EXPLORE_EVERY = 4
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -236,6 +246,17 @@ class BudgetPolicy:
         self.samples = dict.fromkeys(self.budgets, 0)
         # running means over drafting steps of the accepted draft tokens realised and predicted (at the budget run)
         self.realised_drafts, self.predicted_drafts, self.calibration_steps = 0.0, 0.0, 0
+        # per drafting budget, running means over the predicting steps whose tree held it (it or a larger one
+        # ran) of the draft tokens its own tree would have committed and of those it predicted, their count,
+        # and `predictions` at the last of them
+        self.budget_realised = dict.fromkeys(self.drafting, 0.0)
+        self.budget_predicted = dict.fromkeys(self.drafting, 0.0)
+        self.budget_calibrations = dict.fromkeys(self.drafting, 0)
+        self.calibrated_at = dict.fromkeys(self.drafting, 0)
+        self.predict_next = (
+            False  # the step chosen last is to predict: it explores acceptance (the engine reads it)
+        )
+        self._acceptance_explored_at = -ACCEPT_EXPLORE_EVERY  # `predictions` at the last such step
         self.choices = 0
         self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
         self._since_explored = 0  # choices since the last exploring one
@@ -266,8 +287,15 @@ class BudgetPolicy:
         ] = {}  # (budget, bucket) -> overhead()
         self._since_refresh = 0  # steps observed since the caches above were last cleared
 
-    def calibration(self) -> float:
-        """Realised over predicted accepted draft tokens on the drafting steps run (1 until a few are)."""
+    def calibration(self, budget: int | None = None) -> float:
+        """Realised over predicted accepted draft tokens. For `budget`, once MIN_SAMPLES predicting steps held
+        its tree: what that tree would have committed over what it predicted (the draft's probabilities misjudge
+        small and large trees differently: tiny-code on an H100 realised 0.95 of the prediction at budget 32 and
+        1.09 at 64). Else, and for no budget, over the drafting steps run, at whatever budget each ran (1 until
+        a few are)."""
+        if budget in self.budget_calibrations and self.budget_calibrations[budget] >= MIN_SAMPLES:
+            if self.budget_predicted[budget] > 0:
+                return self.budget_realised[budget] / self.budget_predicted[budget]
         if self.calibration_steps < MIN_SAMPLES or self.predicted_drafts <= 0:
             return 1.0
         return self.realised_drafts / self.predicted_drafts
@@ -281,7 +309,7 @@ class BudgetPolicy:
             return 1.0
         if self.predictions < MIN_SAMPLES:
             return float(budget + 1)
-        return 1 + self.calibration() * (self.predicted[budget] - 1)
+        return 1 + self.calibration(budget) * (self.predicted[budget] - 1)
 
     def step_seconds(self, running: int, budget: int, windows: Windows = None) -> float:
         """Seconds of one step by the start-up cost, at the attention window a step at `budget` reads."""
@@ -431,7 +459,23 @@ class BudgetPolicy:
                     choice = explored
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
         self.last_choice[running] = choice
+        largest = self.drafting[-1] if self.drafting else 0
+        if 0 < choice < largest and self._acceptance_stale(largest):
+            choice, self.predict_next = largest, True
+            self._acceptance_explored_at = self.predictions
         return choice
+
+    def _acceptance_stale(self, budget: int) -> bool:
+        """Whether `budget`'s calibration waits for a predicting step that holds its tree: it has fewer than
+        MIN_SAMPLES, or none among the last ACCEPT_EXPLORE_EVERY - 1 predicting steps. Never before the steps
+        tell what smaller trees would have committed (a policy fed by hand may not), and at most once every
+        ACCEPT_EXPLORE_EVERY predicting steps."""
+        if not self.budget_calibrations or not max(self.budget_calibrations.values()):
+            return False
+        if self.predictions - self._acceptance_explored_at < ACCEPT_EXPLORE_EVERY:
+            return False
+        count, since = self.budget_calibrations[budget], self.predictions - self.calibrated_at[budget]
+        return count < MIN_SAMPLES or since >= ACCEPT_EXPLORE_EVERY - 1
 
     def _exploring_loss(self, running: int, explored: int, chosen: int, windows: Windows) -> float:
         """Seconds an iteration at `explored` is estimated to lose against one at `chosen`: its time less the
@@ -474,10 +518,12 @@ class BudgetPolicy:
         seconds: float | None = None,
         expected: list[list[float]] | None = None,
         windows: Windows = None,
+        realised_by_budget: list[list[float]] | None = None,
     ) -> None:
         """Fold in one step at `budget`: the tokens each running request committed, the step's measured time
-        (`seconds`, when known, its attention window in `windows`) and, for a drafting step, each request's tree
-        prediction at every drafting budget (`expected`, rows in the order of `drafting`)."""
+        (`seconds`, when known, its attention window in `windows`) and, for a predicting step, each request's
+        tree prediction at every drafting budget (`expected`, rows in the order of `drafting`) and the tokens it
+        would have committed at each (`realised_by_budget`, the same shape, NaN for budgets above the step's tree)."""
         if seconds is not None:
             step_seconds = self.step_seconds(len(accept_lengths), budget, windows)
             if step_seconds > 0:
@@ -516,6 +562,23 @@ class BudgetPolicy:
             count = self.calibration_steps
             self.realised_drafts = running_mean(self.realised_drafts, realised - 1, count)
             self.predicted_drafts = running_mean(self.predicted_drafts, predicted - 1, count)
+        if realised_by_budget is not None:
+            self._calibrate_budgets(realised_by_budget, expected)
+
+    def _calibrate_budgets(self, realised: list[list[float]], expected: list[list[float]]) -> None:
+        """Fold one predicting step's rows into each budget its tree held (`budget_realised`)."""
+        columns = zip(zip(*realised, strict=True), zip(*expected, strict=True), strict=True)
+        for budget, (would, predicted) in zip(self.drafting, columns, strict=True):
+            if math.isnan(would[0]):  # above the step's tree (every row's tree has the step's size)
+                continue
+            count = self.budget_calibrations[budget] = self.budget_calibrations[budget] + 1
+            self.calibrated_at[budget] = self.predictions
+            self.budget_realised[budget] = running_mean(
+                self.budget_realised[budget], sum(would) / len(would) - 1, count
+            )
+            self.budget_predicted[budget] = running_mean(
+                self.budget_predicted[budget], sum(predicted) / len(predicted) - 1, count
+            )
 
     def refresh(self) -> None:
         """Recompute the corrections, the load and the rankings from the steps observed so far when next read."""
@@ -557,6 +620,16 @@ class BudgetPolicy:
                 b: round(self.predicted_at[b], 3) for b in self.drafting if self.predicted_samples[b]
             },
             "calibration": round(self.calibration(), 4),
+            # per budget, on the predicting steps that held its tree: what that tree would have committed, and
+            # the calibration read from it
+            "tree_realised_accept_length_by_budget": {
+                b: round(1 + self.budget_realised[b], 3) for b in self.drafting if self.budget_calibrations[b]
+            },
+            "calibration_by_budget": {
+                b: round(self.calibration(b), 4)
+                for b in self.drafting
+                if self.budget_calibrations[b] >= MIN_SAMPLES
+            },
             "steps_by_budget": {b: self.samples[b] for b in self.budgets},
             # each budget's measured over start-up step time, the load taken out (applied only without
             # load_adds: on a GPU they are shown, not used)

@@ -60,6 +60,7 @@ from specdeploy.engine.tree import (
     best_first_tree,
     chain_tree,
     expected_accept_lengths,
+    node_scores,
     root_paths,
     top_k,
     walk,
@@ -192,6 +193,9 @@ class StepRunner:
         self.steps_since_prediction = PREDICT_EVERY
         self.predictions_made = 0
         self.expected: list[list[float]] | None = None  # the last step's if it predicted: per row, per budget
+        # the last step's, if it predicted: host copies of its trees' node scores, accepted paths and lengths,
+        # from which `tree.realised_accept_lengths` tells what each smaller budget would have committed
+        self.walked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         # budgets -> (slots each one's step reads past the prefix, the fewest, the most): `step_windows`
         self._reaches: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
         self._allocate()
@@ -216,6 +220,15 @@ class StepRunner:
         # synchronisation brings both (a second `tolist` cost a synchronisation per predicting step)
         self.expected_host = (
             torch.ones(self.rows, len(budgets), pin_memory=True) if self.device.type == "cuda" else None
+        )
+        self.node_scores = torch.full((self.rows, self.budget + 1), float("-inf"), device=self.device)
+        self.walked_host = (
+            tuple(
+                torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                for t in (self.node_scores, self.acceptance.path, self.acceptance.length)
+            )
+            if self.device.type == "cuda"
+            else None
         )
         self.graphs.clear()  # the tree stage now writes the prediction too
 
@@ -644,12 +657,16 @@ class StepRunner:
 
     @torch.inference_mode()
     def step(
-        self, budget: int | None = None, while_running: Callable[[], None] | None = None
+        self,
+        budget: int | None = None,
+        while_running: Callable[[], None] | None = None,
+        predict: bool = False,
     ) -> list[tuple[list[int], int]]:
         """One draft-verify step of every running row: (committed tokens, tokens verified) per row.
 
         `budget` picks a DDTree tree size for this step (default: the runner's); `while_running`: host work to
-        do once the step is launched, before waiting for it (on a GPU it overlaps the step's kernels)."""
+        do once the step is launched, before waiting for it (on a GPU it overlaps the step's kernels);
+        `predict`: a drafting step predicts acceptance (`predict_acceptance`) whatever the cadence."""
         started = time.perf_counter()
         active = self.active
         rows = self.step_rows(active)
@@ -669,19 +686,29 @@ class StepRunner:
                 catch_up = self.catch_up_size(pending)
         verify_window = self.window(max(prefixes) + size + 1)
         every = self.predict_every if self.predictions_made >= PREDICT_WARMUP else 1
-        predict = bool(self.curve_budgets) and size > 0 and self.steps_since_prediction >= every
+        due = predict or self.steps_since_prediction >= every
+        predict = bool(self.curve_budgets) and size > 0 and due
         self.steps_since_prediction = 1 if predict else self.steps_since_prediction + 1
         self.predictions_made += predict
         self._stages(rows, size, greedy, draft_window, verify_window, catch_up, self._timed, predict)
-        expected = None
+        expected, walked = None, None
         if predict:
             expected = self.expected_buffer[:active]
+            scores, path = self.node_scores[:active, : size + 1], self.acceptance.path[:active]
+            walked = (scores, path, self.acceptance.length[:active])
             if self.expected_host is not None:
                 expected = self.expected_host[:active].copy_(expected, non_blocking=True)
+                host_scores, host_path, host_length = self.walked_host
+                walked = (
+                    host_scores[:active, : size + 1].copy_(scores, non_blocking=True),
+                    host_path[:active].copy_(path, non_blocking=True),
+                    host_length[:active].copy_(walked[2], non_blocking=True),
+                )
         if while_running is not None:
             while_running()
-        out = self.out[:active].tolist()  # the step's one synchronisation (after the prediction's copy)
+        out = self.out[:active].tolist()  # the step's one synchronisation (after the prediction's copies)
         self.expected = None if expected is None else expected.tolist()
+        self.walked = None if walked is None else tuple(t.clone() for t in walked)
         results = []
         taken_in = self._takes_in(size, catch_up)
         for state, line in zip(self.running, out, strict=True):
@@ -810,6 +837,7 @@ class StepRunner:
             if predict:
                 predicted = expected_accept_lengths(logprobs, self.curve_budgets, top)
                 self.expected_buffer[:rows].copy_(predicted)
+                node_scores(tree, logprobs, out=self.node_scores[:rows, : size + 1])
             return
         # a DFlash block: a chain, whose structure its buffers were made with
         argmax = self.draft_logits[:rows].argmax(dim=-1)

@@ -276,3 +276,40 @@ def expected_accept_lengths(
     best = torch.topk(merged, min(largest, merged.shape[1]), dim=-1).values.exp().cumsum(dim=-1)
     # column slices, not an index tensor: nothing is copied from the host (a CUDA graph can capture this)
     return 1 + torch.stack([best[:, min(b, best.shape[1]) - 1] for b in budgets], dim=1)
+
+
+def node_scores(tree: TreeBatch, logprobs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, N+1] float32: each node's path score, the sum of log q_d of the tokens from the root's child to it (the
+    order of the best-first construction: a budget's tree holds the best `budget` of them); -inf at the root
+    and at padding. logprobs [B, L, V] as for `best_first_tree`. Fixed-shape device work (a CUDA graph can
+    capture it)."""
+    vocab = logprobs.shape[-1]
+    own = (tree.depths - 1).clamp(min=0) * vocab + tree.tokens  # each node's (depth, token) in the draft
+    logq = torch.where(tree.depths > 0, logprobs.float().flatten(1).gather(1, own), 0.0)
+    scores = torch.bmm(tree.ancestors.float(), logq[..., None])[..., 0]  # its own and its ancestors' log q
+    scores = torch.where(tree.valid & (tree.depths > 0), scores, float("-inf"))
+    if out is None:
+        return scores
+    return out.copy_(scores)
+
+
+def realised_accept_lengths(
+    scores: torch.Tensor, path: torch.Tensor, length: torch.Tensor, budgets: list[int]
+) -> torch.Tensor:
+    """[B, len(budgets)]: the tokens each row would have committed had its step verified the best-first tree of
+    each budget, from the step it ran: a smaller budget's tree is the best-scored prefix of this one, and a
+    node's ancestors score above it, so the walk there follows this step's accepted path as far as the path's
+    nodes are among that budget's best scores. NaN for budgets above this tree's size (nothing tells what a
+    larger tree would have accepted). `scores` [B, N+1]: `node_scores` of this step's tree; `path` [B, L+1]
+    and `length` [B]: its `Acceptance`. Exact up to ties between path scores (a node tied with the last one a
+    budget keeps may be counted in or out)."""
+    size = scores.shape[1] - 1
+    ranked = scores[:, 1:].sort(dim=1, descending=True).values  # [B, N] best first (padding last)
+    cut = ranked[:, [min(b, size) - 1 for b in budgets]]  # [B, NB] the lowest score each budget keeps
+    depth = torch.arange(1, path.shape[1], device=path.device)
+    on_path = depth[None, :] < length[:, None]  # depths 1 .. length-1 were accepted
+    along = scores.gather(1, path)[:, 1:]  # [B, L] the path's scores by depth
+    kept = (along[:, None, :] >= cut[:, :, None]) & on_path[:, None, :]
+    counts = 1.0 + kept.sum(dim=-1).float()
+    above = torch.tensor([b > size for b in budgets], device=scores.device)
+    return torch.where(above[None, :], float("nan"), counts)
