@@ -6,8 +6,8 @@
 set -u
 : "${OUT:?set OUT}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/machine.txt"
-timeout 300 python3 benchmarks/auto_step_trace.py --device cuda --concurrency 1,16,64 --budgets 16,64 \
+timeout 170 python3 benchmarks/auto_step_trace.py --device cuda --concurrency 1,16,64 --budgets 16,64 \
     --requests 128 --rounds 2 --out "$OUT/auto_step_trace.json" > "$OUT/auto_step_trace.log" 2>&1
 echo "auto_step_trace rc $?" >> "$OUT/auto_step_trace.log"
-timeout 180 python3 -m pytest -q -m gpu tests/test_batch_gpu.py -k "predicting" > "$OUT/gpu_tests.log" 2>&1
+timeout 90 python3 -m pytest -q -m gpu tests/test_batch_gpu.py -k "predicting" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc $?" >> "$OUT/gpu_tests.log"
