@@ -3,6 +3,7 @@ calibration, and the steps that keep the largest budget's fresh."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from test_batch import step_cost
 
 from specdeploy.engine.batch import BatchEngine
-from specdeploy.engine.budget import ACCEPT_EXPLORE_EVERY, MIN_SAMPLES, BudgetPolicy
+from specdeploy.engine.budget import ACCEPT_EXPLORE_EVERY, FAR_EXPLORE_SHARE, MIN_SAMPLES, BudgetPolicy
 from specdeploy.engine.loading import load_drafter, load_target
 from specdeploy.engine.runtime import load_tokenizer
 from specdeploy.engine.sampling import SamplingParams
@@ -63,14 +64,19 @@ def assert_a_step_tells_what_each_smaller_budget_commits(target, drafter, prompt
 
 
 def calibrated(
-    policy: BudgetPolicy, steps: int, run_at: int, would: dict[int, float], trees: dict[int, float]
+    policy: BudgetPolicy,
+    steps: int,
+    run_at: int,
+    would: dict[int, float],
+    trees: dict[int, float],
+    startup: dict[int, float] | None = None,
 ):
     """Fold in `steps` predicting steps at `run_at` (one request) whose trees predict `trees` and would have
     committed `would` at each budget (NaN above `run_at`)."""
     for _ in range(steps):
         realised = [[would[b] if b <= run_at else math.nan for b in policy.drafting]]
         expected = [[trees[b] for b in policy.drafting]]
-        policy.observe(run_at, [round(would[run_at])], STARTUP[run_at], expected, None, realised)
+        policy.observe(run_at, [round(would[run_at])], (startup or STARTUP)[run_at], expected, None, realised)
 
 
 # tiny-code on an H100, one request: the trees predicted 4.57 and 4.88 tokens at budgets 32 and 64; steps at
@@ -80,9 +86,24 @@ WOULD = {16: 4.22, 32: 4.38, 64: 5.23}
 STARTUP = {0: 0.25e-3, 16: 0.44e-3, 32: 0.445e-3, 64: 0.481e-3}
 
 
-def gpu_policy() -> BudgetPolicy:
-    cost = step_cost(lambda rows, b: STARTUP[b], list(STARTUP), [1, 8])
-    return BudgetPolicy(list(STARTUP), cost, explore_every=1000, load_adds=True)
+def gpu_policy(startup: dict[int, float] = STARTUP) -> BudgetPolicy:
+    cost = step_cost(lambda rows, b: startup[b], list(startup), [1, 8])
+    return BudgetPolicy(list(startup), cost, explore_every=1000, load_adds=True)
+
+
+def acceptance_explorations(policy: BudgetPolicy, choices: int, startup: dict[int, float]) -> list[int]:
+    """The choices (their index) that ran the largest budget to predict, over `choices` steps at one request
+    whose trees rate 32 best; each step predicts and tells what its smaller trees would have committed."""
+    calibrated(policy, MIN_SAMPLES, 32, {16: 4.3, 32: 4.5, 64: 4.5}, TREES, startup)
+    explored = []
+    for index in range(choices):
+        budget = policy.choose(1)
+        assert policy.predict_next == (budget == 64)
+        if policy.predict_next:
+            explored.append(index)
+        policy.predict_next = False
+        calibrated(policy, 1, budget, {16: 4.3, 32: 4.5, 64: 4.5}, TREES, startup)  # 64 adds nothing: 32 stays
+    return explored
 
 
 def test_each_budget_is_calibrated_by_what_its_own_tree_would_have_committed():
@@ -106,22 +127,22 @@ def test_each_budget_is_calibrated_by_what_its_own_tree_would_have_committed():
 
 
 def test_the_largest_budget_is_explored_now_and_then_for_what_its_tree_would_commit():
-    """Steps at 32 tell nothing of 64's tree: every ACCEPT_EXPLORE_EVERY predicting steps one step runs the
-    largest budget and predicts (the engine reads `predict_next`), until its calibration has MIN_SAMPLES and then
-    whenever it is that old; a policy fed no such step by hand never explores."""
-    policy = gpu_policy()
-    calibrated(policy, MIN_SAMPLES, 32, {16: 4.3, 32: 4.5, 64: 4.5}, TREES)  # 32's tree rated best
-    explored = []
-    for _ in range(12 * ACCEPT_EXPLORE_EVERY):
-        budget = policy.choose(1)
-        explored.append(policy.predict_next)
-        assert policy.predict_next == (budget == 64)
-        policy.predict_next = False
-        calibrated(policy, 1, budget, {16: 4.3, 32: 4.5, 64: 4.6}, TREES)  # 64's tree adds little: 32 stays
-    gaps = [b - a for a, b in zip([i for i, e in enumerate(explored) if e][:-1],
-                                   [i for i, e in enumerate(explored) if e][1:], strict=True)]  # fmt: skip
-    assert explored[0] and set(gaps) == {ACCEPT_EXPLORE_EVERY}
-    assert policy.describe()["calibration_by_budget"].keys() == {16, 32, 64}
+    """Steps at 32 tell nothing of 64's tree: one predicting step in ACCEPT_EXPLORE_EVERY runs the largest budget
+    (the engine reads `predict_next`) while its step loses little against the chosen one's, and no more often
+    than loses about FAR_EXPLORE_SHARE of the time where it is dearer; a policy fed no such step by hand never
+    explores."""
+    cheap = {**STARTUP, 64: 1.01 * STARTUP[32]}
+    policy_cheap = gpu_policy(cheap)
+    explored = acceptance_explorations(policy_cheap, 12 * ACCEPT_EXPLORE_EVERY, cheap)
+    gaps = {b - a for a, b in itertools.pairwise(explored)}
+    assert explored[0] < ACCEPT_EXPLORE_EVERY and gaps == {ACCEPT_EXPLORE_EVERY}
+    assert policy_cheap.describe()["calibration_by_budget"].keys() == {16, 32, 64}
+    dear = {**STARTUP, 64: 4 * STARTUP[32]}
+    policy = gpu_policy(dear)
+    explored = acceptance_explorations(policy, 400, dear)
+    loss = dear[64] - dear[32] * policy.estimate(64) / policy.estimate(32)  # each exploring step's, about
+    assert 1 <= len(explored) <= 1 + 400 * dear[32] * FAR_EXPLORE_SHARE / loss * 1.1
+    assert policy.budget_calibrations[64] == len(explored)  # each one told what 64's tree would commit
     by_hand = gpu_policy()
     for _ in range(MIN_SAMPLES):  # steps without what smaller trees would have committed
         by_hand.observe(32, [4], STARTUP[32], [[TREES[x] for x in by_hand.drafting]])

@@ -21,7 +21,8 @@ policy keeps:
   calibrates each budget by what its own tree would have committed over what it predicted, on the predicting
   steps whose tree held it: a smaller budget's tree is the best-scored prefix of the tree run, so a step tells
   what every smaller budget would have accepted (`tree.realised_accept_lengths`), and while a smaller budget
-  is chosen one predicting step in ACCEPT_EXPLORE_EVERY runs the largest (the draft's probabilities misjudge
+  is chosen one predicting step in ACCEPT_EXPLORE_EVERY runs the largest, at most, and no more often than costs
+  about a fiftieth of the throughput, as a far exploring step below (the draft's probabilities misjudge
   small and large trees differently: one factor, learnt at the budget run, kept tiny-code at budget 32 on an
   H100 where 64 committed 17% more tokens for 7% more time); a budget not yet calibrated so takes one factor,
   the ratio of realised to predicted accepted draft tokens over the drafting steps run;
@@ -257,6 +258,8 @@ class BudgetPolicy:
             False  # the step chosen last is to predict: it explores acceptance (the engine reads it)
         )
         self._acceptance_explored_at = -ACCEPT_EXPLORE_EVERY  # `predictions` at the last such step
+        self._accept_credit = 0.0  # estimated seconds of the drafting steps chosen since (`_accept_loss`)
+        self._accept_loss_cache: dict[tuple[int, int, Windows], float] = {}
         self.choices = 0
         self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
         self._since_explored = 0  # choices since the last exploring one
@@ -460,10 +463,24 @@ class BudgetPolicy:
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
         self.last_choice[running] = choice
         largest = self.drafting[-1] if self.drafting else 0
-        if 0 < choice < largest and self._acceptance_stale(largest):
-            choice, self.predict_next = largest, True
-            self._acceptance_explored_at = self.predictions
+        if 0 < choice < largest:
+            self._accept_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
+            if self._acceptance_stale(largest) and self._accept_credit >= self._accept_loss(
+                running, choice, windows
+            ):
+                choice, self.predict_next = largest, True
+                self._acceptance_explored_at, self._accept_credit = self.predictions, 0.0
         return choice
+
+    def _accept_loss(self, running: int, chosen: int, windows: Windows) -> float:
+        """`_exploring_loss` of a step at the largest budget instead of `chosen`, kept until the next refresh:
+        an acceptance-exploring step waits, as a far exploring one does, until the steps chosen since the last
+        add up to 1 / FAR_EXPLORE_SHARE times it (at one request on a GPU a 64-node step loses almost nothing
+        against a 32-node one; at 8 requests on a CPU a 16-node step costs several times a 4-node one)."""
+        key = (running, chosen, windows)
+        if key not in self._accept_loss_cache:
+            self._accept_loss_cache[key] = self._exploring_loss(running, self.drafting[-1], chosen, windows)
+        return self._accept_loss_cache[key]
 
     def _acceptance_stale(self, budget: int) -> bool:
         """Whether `budget`'s calibration waits for a predicting step that holds its tree: it has fewer than
@@ -587,6 +604,7 @@ class BudgetPolicy:
         self._ranking_cache.clear()
         self._seconds_cache.clear()
         self._overhead_cache.clear()
+        self._accept_loss_cache.clear()
         self._exploring = None
         self._since_refresh = 0
 
