@@ -102,9 +102,8 @@ def acceptance_explorations(policy: BudgetPolicy, choices: int, startup: dict[in
         if policy.predict_next:
             explored.append(index)
         policy.predict_next = False
-        calibrated(
-            policy, 1, budget, {16: 4.3, 32: 4.5, 64: 4.5}, TREES, startup
-        )  # 64 adds nothing: 32 stays
+        # 64's tree adds nothing: 32 stays chosen
+        calibrated(policy, 1, budget, {16: 4.3, 32: 4.5, 64: 4.5}, TREES, startup)
     return explored
 
 
