@@ -254,9 +254,12 @@ class BudgetPolicy:
         self.budget_predicted = dict.fromkeys(self.drafting, 0.0)
         self.budget_calibrations = dict.fromkeys(self.drafting, 0)
         self.calibrated_at = dict.fromkeys(self.drafting, 0)
-        self.predict_next = (
-            False  # the step chosen last is to predict: it explores acceptance (the engine reads it)
-        )
+        # the step chosen last is to predict: it explores acceptance (the engine reads it)
+        self.predict_next = False
+        self._largest = self.drafting[-1] if self.drafting else 0
+        # whether steps have told what smaller trees would have committed: only then is acceptance explored (a
+        # policy fed by hand may never be told)
+        self._told_smaller = False
         self._acceptance_explored_at = -ACCEPT_EXPLORE_EVERY  # `predictions` at the last such step
         self._accept_credit = 0.0  # estimated seconds of the drafting steps chosen since (`_accept_loss`)
         self._accept_loss_cache: dict[tuple[int, int, Windows], float] = {}
@@ -462,8 +465,8 @@ class BudgetPolicy:
                     choice = explored
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
         self.last_choice[running] = choice
-        largest = self.drafting[-1] if self.drafting else 0
-        if 0 < choice < largest:
+        largest = self._largest
+        if self._told_smaller and 0 < choice < largest:
             self._accept_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
             if self._acceptance_stale(largest) and self._accept_credit >= self._accept_loss(
                 running, choice, windows
@@ -484,11 +487,8 @@ class BudgetPolicy:
 
     def _acceptance_stale(self, budget: int) -> bool:
         """Whether `budget`'s calibration waits for a predicting step that holds its tree: it has fewer than
-        MIN_SAMPLES, or none among the last ACCEPT_EXPLORE_EVERY - 1 predicting steps. Never before the steps
-        tell what smaller trees would have committed (a policy fed by hand may not), and at most once every
+        MIN_SAMPLES, or none among the last ACCEPT_EXPLORE_EVERY - 1 predicting steps; at most once every
         ACCEPT_EXPLORE_EVERY predicting steps."""
-        if not self.budget_calibrations or not max(self.budget_calibrations.values()):
-            return False
         if self.predictions - self._acceptance_explored_at < ACCEPT_EXPLORE_EVERY:
             return False
         count, since = self.budget_calibrations[budget], self.predictions - self.calibrated_at[budget]
@@ -584,6 +584,7 @@ class BudgetPolicy:
 
     def _calibrate_budgets(self, realised: list[list[float]], expected: list[list[float]]) -> None:
         """Fold one predicting step's rows into each budget its tree held (`budget_realised`)."""
+        self._told_smaller = True
         columns = zip(zip(*realised, strict=True), zip(*expected, strict=True), strict=True)
         for budget, (would, predicted) in zip(self.drafting, columns, strict=True):
             if math.isnan(would[0]):  # above the step's tree (every row's tree has the step's size)
