@@ -3,8 +3,10 @@
     python benchmarks/policy_host_cost.py --rows 13 --calls 20000
 
 A `BudgetPolicy` over budgets 0-64 with a synthetic start-up cost (three windows, row counts 1 to 64) and load
-added (a GPU's policy), warmed with drafting steps, then timed call by call: `choose` (a cached ranking), `observe`
-of a drafting step with every row's tree prediction, `observe_overhead`, and a refresh followed by a new ranking
+added (a GPU's policy), warmed with drafting steps that predict and tell what every smaller tree would have
+committed (as the batch engine's do), then timed call by call: `choose` (a cached ranking), `observe` of a drafting
+step with every row's tree prediction, and with what its smaller trees would have committed, `observe_overhead`,
+and a refresh followed by a new ranking
 (every REFRESH_EVERY steps in the engine); then `StepRunner.step_windows`, which the batch engine calls before
 each auto step, on tiny-code's runner with as many requests. Prints microseconds per call; the policy's decisions
 are not the point.
@@ -13,6 +15,7 @@ are not the point.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -62,16 +65,28 @@ def main() -> None:
     rows, windows = args.rows, (256,) * len(BUDGETS)
     prediction = [[1 + 0.9 * min(b, 6) * rng.uniform(0.5, 0.7) for b in BUDGETS[1:]] for _ in range(rows)]
     accepted = [3] * rows
+
+    def realised(
+        budget: int,
+    ) -> list[list[float]]:  # what each budget's tree would have committed, as steps tell
+        return [[min(3.0, b + 1) if b <= budget else math.nan for b in BUDGETS[1:]] for _ in range(rows)]
+
     for _ in range(2000):  # past the warm-up: calibration, load and overheads measured
         budget = policy.choose(rows, windows)
+        policy.predict_next = False
         policy.observe_overhead(5e-5)
-        policy.observe(
-            budget, accepted if budget else [1] * rows, 6e-4, prediction if budget else None, windows
-        )
+        if budget:
+            policy.observe(budget, accepted, 6e-4, prediction, windows, realised(budget))
+        else:
+            policy.observe(budget, [1] * rows, 6e-4, None, windows)
+    told = realised(32)
     timings = {
         "choose": per_call_us(lambda: policy.choose(rows, windows), args.calls),
         "observe, a drafting step": per_call_us(
             lambda: policy.observe(32, accepted, 6e-4, prediction, windows), args.calls
+        ),
+        "observe, a predicting step": per_call_us(
+            lambda: policy.observe(32, accepted, 6e-4, prediction, windows, told), args.calls
         ),
         "observe_overhead": per_call_us(lambda: policy.observe_overhead(5e-5), args.calls),
         "refresh, then a ranking": per_call_us(
