@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from specdeploy.engine.decode import SamplingParams, Step
-from specdeploy.server.generation import REPLACEMENT_CHAR, Generation, IncrementalText, SpecSettings
+from specdeploy.server.generation import REPLACEMENT_CHAR, Generation, IncrementalText, SpecSettings, decoder
 from specdeploy.server.params import RequestParams
 from specdeploy.zoo.registry import resolve_models
 
@@ -30,6 +30,32 @@ def metaspace_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="."))
     tokenizer.decoder = decoders.Metaspace()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
+@pytest.mark.parametrize("make", [code_tokenizer, metaspace_tokenizer])
+def test_the_server_s_decoder_gives_the_tokenizer_s_own_text(make) -> None:
+    """`decoder` skips transformers' wrapper only where it gives the same text: random id lists, special
+    tokens among them, kept or skipped."""
+    tokenizer = make()
+    rng = random.Random(1)
+    specials = tokenizer.all_special_ids
+    decode = decoder(tokenizer)
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(0, 12))]
+        ids += [rng.choice(specials)] if specials and rng.random() < 0.3 else []
+        for skip in (False, True):
+            assert decode(ids, skip) == tokenizer.decode(ids, skip_special_tokens=skip), (ids, skip)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_through_transformers() -> None:
+    """transformers' clean-up (" ." to ".", on tokenizers asking for it) is not in the Rust tokenizer: such a
+    tokenizer keeps the wrapper, and its text keeps the clean-up."""
+    vocab = {piece: i for i, piece in enumerate(["a", "."])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="."))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=True)
+    raw, cleaned = backend.decode([0, 1]), tokenizer.decode([0, 1])
+    assert (raw, cleaned) == ("a .", "a.")  # the clean-up matters here
+    assert decoder(tokenizer)([0, 1], False) == cleaned
 
 
 class CountingDecode:
