@@ -293,9 +293,8 @@ class BatchEngine:
         if policy is not None:
             accepted = [len(tokens) for tokens, _ in results]
 
-            def observe() -> (
-                None
-            ):  # folded in while the next step runs, what each budget would have committed too
+            # folded in while the next step runs, with what each smaller budget would have committed
+            def observe() -> None:
                 realised = (
                     None if walked is None else realised_accept_lengths(*walked, policy.drafting).tolist()
                 )

@@ -231,9 +231,8 @@ class BudgetPolicy:
         if not budgets or min(budgets) < 0:
             raise SpecdeployError(f"budgets must be at least 0 (0: an AR step), got {budgets}")
         self.budgets = sorted(set(budgets))
-        self._position = {
-            b: i for i, b in enumerate(self.budgets)
-        }  # a budget's place in `budgets` and windows
+        # a budget's place in `budgets` and windows
+        self._position = {b: i for i, b in enumerate(self.budgets)}
         self.drafting = [b for b in self.budgets if b > 0]
         self.cost = cost
         self.explore_every = explore_every
@@ -482,7 +481,7 @@ class BudgetPolicy:
         against a 32-node one; at 8 requests on a CPU a 16-node step costs several times a 4-node one)."""
         key = (running, chosen, windows)
         if key not in self._accept_loss_cache:
-            self._accept_loss_cache[key] = self._exploring_loss(running, self.drafting[-1], chosen, windows)
+            self._accept_loss_cache[key] = self._exploring_loss(running, self._largest, chosen, windows)
         return self._accept_loss_cache[key]
 
     def _acceptance_stale(self, budget: int) -> bool:

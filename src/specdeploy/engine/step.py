@@ -164,9 +164,8 @@ class StepRunner:
         self.target, self.drafter, self.mode = target, drafter, mode
         weight = target.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.on_gpu = (
-            self.device.type == "cuda"
-        )  # read by `window` at every step (device.type is slow to read)
+        # read by `window` at every step (device.type is slow to read)
+        self.on_gpu = self.device.type == "cuda"
         self.rows = rows
         self.block = drafter.block_size if drafter is not None else 1
         self.pending_limit = PENDING_BLOCKS * self.block
