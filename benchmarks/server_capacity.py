@@ -11,7 +11,8 @@ server's ceiling for that tokens-per-step, and the engine loop's times from /ser
 iterations' time went; the mean time to first token is given as the client saw it, from the request's arrival in
 the server, from its admission into the engine loop, and for the first token's handoff from the engine thread to
 the event loop. `--switch-interval-ms` sets the server's interpreter switch interval (default: the
-server's own).
+server's own). `--engine-process` runs the instant engine in a process of its own, as `specdeploy serve` runs its
+engine (default: in a thread of the server's process).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import httpx
 from specdeploy.engine.batch import LoopTimes
 from specdeploy.engine.request import Step, StopRules
 from specdeploy.engine.runtime import load_engine
+from specdeploy.server.engine_process import EngineRecipe
 from specdeploy.zoo.registry import resolve_models
 
 TEXT = '''def parse(path):
@@ -118,6 +121,20 @@ class InstantEngine:
         return InstantEvent(request, step)
 
 
+@dataclass(frozen=True)
+class InstantRecipe(EngineRecipe):
+    """What the engine process builds: an `InstantEngine` (the model's paths and settings unused)."""
+
+    text_ids: tuple[int, ...] = ()
+    step_s: float = 0.0
+    tokens_per_step: int = 1
+    eos_token_ids: tuple[int, ...] = ()
+
+    def engine_maker(self) -> Callable[[], InstantEngine]:
+        return lambda: InstantEngine(list(self.text_ids), self.step_s, self.tokens_per_step, self.max_running,
+                                     list(self.eos_token_ids))  # fmt: skip
+
+
 def serve(args: argparse.Namespace) -> None:
     from specdeploy.server.launch import SWITCH_INTERVAL_S, serve_engine
     from specdeploy.server.service import ServerConfig
@@ -132,7 +149,12 @@ def serve(args: argparse.Namespace) -> None:
 
     engine.batch_engine = instant
     interval = SWITCH_INTERVAL_S if args.switch_interval_ms is None else args.switch_interval_ms / 1e3
-    config = ServerConfig(max_running_requests=args.max_running)
+    recipe = None
+    if args.engine_process:
+        recipe = InstantRecipe(target, None, "ar", None, "cpu", "float32", None, 1024, args.max_running,
+                               text_ids=tuple(text_ids), step_s=args.step_ms / 1e3,
+                               tokens_per_step=args.tokens_per_step, eos_token_ids=tuple(eos))  # fmt: skip
+    config = ServerConfig(max_running_requests=args.max_running, engine_recipe=recipe)
     serve_engine(engine, config, "127.0.0.1", args.port, "warning", switch_interval_s=interval)
 
 
@@ -192,6 +214,7 @@ def main() -> None:
     parser.add_argument("--max-running", type=int, default=64)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--switch-interval-ms", type=float)
+    parser.add_argument("--engine-process", action="store_true")
     parser.add_argument("--port", type=int, default=30991)
     parser.add_argument("--out")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
