@@ -199,7 +199,9 @@ def measure(args: argparse.Namespace) -> None:
         print(f"       time to first token, mean: client {ttft:.1f} ms, server (from arrival) "
               f"{latency['ttft_ms_mean']:.1f} ms, engine loop (from admission) {loop['ms_admitted_to_first_token']:.1f} "
               f"ms, handoff to the event loop {latency['first_token_handoff_ms_mean']:.1f} ms; engine loop busy "
-              f"{100 * loop['busy_share']:.0f}% of the cell", flush=True)  # fmt: skip
+              f"{100 * loop['busy_share']:.0f}% of the cell; event loop lag mean "
+              f"{latency['event_loop_lag_ms_mean']:.2f} ms, largest {latency['event_loop_lag_ms_max']:.1f} ms",
+              flush=True)  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "cells": cells}, indent=1))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,9 +34,11 @@ def create_app(engine: Any, config: ServerConfig | None = None, guard: HttpGuard
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.worker.start()
+        lag = asyncio.get_running_loop().create_task(service.stats.watch_event_loop())
         try:
             yield
         finally:
+            lag.cancel()
             service.worker.stop()
 
     app = FastAPI(title="specdeploy reference engine", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from specdeploy.server.generation import Generation
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LAG_PERIOD_S = (
+    0.01  # how often the event loop's lag is sampled: a timer this far apart costs the loop nothing
+)
 
 
 @dataclass
@@ -23,6 +27,15 @@ class LatencySums:
     handoff: float = 0.0
 
 
+@dataclass
+class LagSums:
+    """The event loop's lag: timers sampled, their summed and largest lateness (seconds)."""
+
+    samples: int = 0
+    total: float = 0.0
+    largest: float = 0.0
+
+
 class ServerStats:
     """Counts finished requests; one registry per server so that several servers can live in one process."""
 
@@ -31,6 +44,7 @@ class ServerStats:
         self._accepted_tokens = 0  # tokens committed by verify steps since boot or the last flush
         self._verify_steps = 0
         self._latency = LatencySums()  # since boot or the last flush
+        self._lag = LagSums()  # since boot or the last flush
         self.registry = CollectorRegistry()
         self.requests = Counter("sglang:num_requests", "Requests finished", registry=self.registry)
         self.aborted = Counter("sglang:num_aborted_requests", "Requests aborted", registry=self.registry)
@@ -92,26 +106,45 @@ class ServerStats:
         with self._lock:
             return self._accepted_tokens / self._verify_steps if self._verify_steps else None
 
+    async def watch_event_loop(self, period_s: float = LAG_PERIOD_S) -> None:
+        """Sample, until cancelled, how late a timer `period_s` away fires on this event loop: the time every
+        callback then waits for the loop (a request's arrival, a step's handoff, a streamed event)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + period_s
+            await asyncio.sleep(period_s)
+            late = max(loop.time() - due, 0.0)
+            with self._lock:
+                lag = self._lag
+                lag.samples += 1
+                lag.total += late
+                lag.largest = max(lag.largest, late)
+
     def latency(self) -> dict[str, float | int | None]:
         """Means over the requests finished since boot or the last flush: time to first token and end-to-end
         latency from their arrival in the server (prompt parsed and tokenised) to their first and last step, and
         the first token's handoff, from the engine side handing it over (worker thread, or the engine process's
-        reader thread) to the event loop taking it (a busy event loop shows here)."""
+        reader thread) to the event loop taking it (a busy event loop shows here); and the event loop's lag
+        (`watch_event_loop`), mean and largest, over the same time."""
         with self._lock:
-            sums = self._latency
+            sums, lag = self._latency, self._lag
             count, ttft, e2e, handoff = sums.requests, sums.ttft, sums.e2e, sums.handoff
         return {
             "requests": count,
             "ttft_ms_mean": round(1e3 * ttft / count, 3) if count else None,
             "e2e_ms_mean": round(1e3 * e2e / count, 3) if count else None,
             "first_token_handoff_ms_mean": round(1e3 * handoff / count, 3) if count else None,
+            "event_loop_lag_ms_mean": round(1e3 * lag.total / lag.samples, 3) if lag.samples else None,
+            "event_loop_lag_ms_max": round(1e3 * lag.largest, 3) if lag.samples else None,
         }
 
     def flush(self) -> None:
-        """Restart the cumulative accept length, as SGLang's /flush_cache does, and the mean latencies."""
+        """Restart the cumulative accept length, as SGLang's /flush_cache does, the mean latencies and the
+        event loop's lag."""
         with self._lock:
             self._accepted_tokens = self._verify_steps = 0
             self._latency = LatencySums()
+            self._lag = LagSums()
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)
