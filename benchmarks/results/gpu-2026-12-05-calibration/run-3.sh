@@ -9,10 +9,10 @@ set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/machine.txt"
 python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])" >> "$OUT/machine.txt"
 modes=ar,dflash,ddtree-16,ddtree-64
-timeout 140 python3 runs/base-c02f860/benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3-8b --modes $modes \
+timeout 120 python3 runs/base-c02f860/benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3-8b --modes $modes \
     --commit c02f860 --out "$OUT/engine_qwen3-8b_c02f860.json" > "$OUT/engine_qwen3-8b_c02f860.log" 2>&1
 echo "rc $?" >> "$OUT/engine_qwen3-8b_c02f860.log"
-timeout 140 python3 benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3-8b --modes $modes \
+timeout 120 python3 benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3-8b --modes $modes \
     --commit "${COMMIT:-unknown}" --out "$OUT/engine_qwen3-8b_head.json" > "$OUT/engine_qwen3-8b_head.log" 2>&1
 echo "rc $?" >> "$OUT/engine_qwen3-8b_head.log"
 OUT=$OUT PART=qwen3-8b LIMIT=${LIMIT:-250} bash benchmarks/results/gpu-2026-12-05-auto-head/run.sh
