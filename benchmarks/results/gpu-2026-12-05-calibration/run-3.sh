@@ -15,4 +15,5 @@ echo "rc $?" >> "$OUT/engine_qwen3-8b_c02f860.log"
 timeout 120 python3 benchmarks/ddtree_side_by_side.py --engine-only --shape qwen3-8b --modes $modes \
     --commit "${COMMIT:-unknown}" --out "$OUT/engine_qwen3-8b_head.json" > "$OUT/engine_qwen3-8b_head.log" 2>&1
 echo "rc $?" >> "$OUT/engine_qwen3-8b_head.log"
-OUT=$OUT PART=qwen3-8b LIMIT=${LIMIT:-250} bash benchmarks/results/gpu-2026-12-05-auto-head/run.sh
+# QWEN=0 leaves the campaign out (a call with little device time left)
+[ "${QWEN:-1}" = 1 ] && OUT=$OUT PART=qwen3-8b LIMIT=${LIMIT:-250} bash benchmarks/results/gpu-2026-12-05-auto-head/run.sh
