@@ -12,9 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from specdeploy.server.generation import Generation
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-LAG_PERIOD_S = (
-    0.01  # how often the event loop's lag is sampled: a timer this far apart costs the loop nothing
-)
+# how often the event loop's lag is sampled: a timer this far apart costs the loop nothing
+LAG_PERIOD_S = 0.01
 
 
 @dataclass
@@ -129,13 +128,14 @@ class ServerStats:
         with self._lock:
             sums, lag = self._latency, self._lag
             count, ttft, e2e, handoff = sums.requests, sums.ttft, sums.e2e, sums.handoff
+            samples, late, largest = lag.samples, lag.total, lag.largest
         return {
             "requests": count,
             "ttft_ms_mean": round(1e3 * ttft / count, 3) if count else None,
             "e2e_ms_mean": round(1e3 * e2e / count, 3) if count else None,
             "first_token_handoff_ms_mean": round(1e3 * handoff / count, 3) if count else None,
-            "event_loop_lag_ms_mean": round(1e3 * lag.total / lag.samples, 3) if lag.samples else None,
-            "event_loop_lag_ms_max": round(1e3 * lag.largest, 3) if lag.samples else None,
+            "event_loop_lag_ms_mean": round(1e3 * late / samples, 3) if samples else None,
+            "event_loop_lag_ms_max": round(1e3 * largest, 3) if samples else None,
         }
 
     def flush(self) -> None:
