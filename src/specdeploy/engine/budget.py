@@ -30,7 +30,8 @@ policy keeps:
 and picks, for r running requests, the budget b that maximises r * accept(b) / cost(r, b, w_b), where w_b is b's
 window and cost is the start-up cost under the machine's load at the time, plus an iteration's overhead (the time from a
 step's end to the next one's start: a server delivering every request's tokens, the host's bookkeeping; it
-weighs most on the shortest steps). The load is common to every budget, so budgets whose steps ran at
+weighs most on the shortest steps), AR steps' rate raised by DRAFT_MARGIN (a drafting budget's estimate leans high
+where AR steps run). The load is common to every budget, so budgets whose steps ran at
 different moments are still compared as if side by side; how it is learnt differs by device:
 
 - on a CPU, a factor on every step (the cores are shared with other processes: it swings by 1.5x within a
@@ -98,6 +99,13 @@ FAR_EXPLORE_SHARE = 0.02
 # budget's own tree would have committed (`tree.realised_accept_lengths`), so each budget's calibration stays
 # fresh; about one step in 49 (predictions come every 16th step, `step.PREDICT_EVERY`)
 ACCEPT_EXPLORE_EVERY = 4
+# a drafting budget is chosen over AR steps only when its estimated tokens/s beat theirs by this share: its estimate
+# leans high where AR steps run. Its acceptance is read at other budgets' step boundaries, and steps at a budget of
+# its own start where its last draft failed, in harder text: `benchmarks/counterfactual_bias.py` measured a run at
+# budget 4 committing 1.08-1.09x less than steps at 16 and 64 said it would; in a CPU server at 8 requests auto's
+# trees rated budget 4 at 2.89 tokens a step where a DDTree-4 server committed 2.70, and auto ran it on 37% of its
+# steps at 0.86x the AR server's throughput (`benchmarks/auto_budget_cpu.py`)
+DRAFT_MARGIN = 0.08
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -432,7 +440,8 @@ class BudgetPolicy:
         return self.loaded(self.step_seconds(running, budget, windows), correction, load) + overhead
 
     def ranking(self, running: int, windows: Windows = None) -> list[int]:
-        """The budgets by estimated tokens per second, best first (kept until the next refresh)."""
+        """The budgets by estimated tokens per second, AR's raised by DRAFT_MARGIN, best first (kept until the
+        next refresh)."""
         key = (running, windows)
         ranked = self._ranking_cache.get(key)
         if ranked is None:
@@ -440,6 +449,8 @@ class BudgetPolicy:
             rate = {
                 b: self.throughput(running, b, windows, load, self.overhead(b, bucket)) for b in self.budgets
             }
+            if 0 in rate:
+                rate[0] *= 1 + DRAFT_MARGIN
             ranked = self._ranking_cache[key] = sorted(self.budgets, key=rate.__getitem__, reverse=True)
         return ranked
 
