@@ -643,7 +643,9 @@ def test_a_drafting_budget_must_beat_ar_steps_by_a_margin():
         """The last choices when budget 4, accepting 2.5 tokens a step as its trees predict, is estimated
         `ahead` times AR's tokens/s at 8 running requests."""
         seconds = {0: 10e-3, 4: 2.5 * 10e-3 / ahead}
-        policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: seconds[b], [0, 4], [1, 8]), explore_every=1000)
+        policy = BudgetPolicy(
+            [0, 4], step_cost(lambda rows, b: seconds[b], [0, 4], [1, 8]), explore_every=1000
+        )
         ran = []
         for _ in range(60):
             budget = policy.choose(8)
