@@ -654,7 +654,8 @@ def test_a_drafting_budget_must_beat_ar_steps_by_a_margin():
                            realised_by_budget=[[2.5]] * 8 if budget else None)  # fmt: skip
         return ran[-20:]
 
-    assert 0.05 <= DRAFT_MARGIN <= 0.1  # the measured lean: 1.03-1.09x (benchmarks/counterfactual_bias.py)
+    # about the lean measured for budget 4 in a CPU server at 8 requests: estimated 2.89 tokens a step, 2.70 run alone
+    assert 0.05 <= DRAFT_MARGIN <= 0.1
     assert settle(1 + DRAFT_MARGIN / 2).count(0) == 20
     assert settle(1 + 2 * DRAFT_MARGIN).count(4) == 20
 

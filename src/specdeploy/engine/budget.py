@@ -99,12 +99,13 @@ FAR_EXPLORE_SHARE = 0.02
 # budget's own tree would have committed (`tree.realised_accept_lengths`), so each budget's calibration stays
 # fresh; about one step in 49 (predictions come every 16th step, `step.PREDICT_EVERY`)
 ACCEPT_EXPLORE_EVERY = 4
-# a drafting budget is chosen over AR steps only when its estimated tokens/s beat theirs by this share: its estimate
-# leans high where AR steps run. Its acceptance is read at other budgets' step boundaries, and steps at a budget of
-# its own start where its last draft failed, in harder text: `benchmarks/counterfactual_bias.py` measured a run at
-# budget 4 committing 1.08-1.09x less than steps at 16 and 64 said it would; in a CPU server at 8 requests auto's
-# trees rated budget 4 at 2.89 tokens a step where a DDTree-4 server committed 2.70, and auto ran it on 37% of its
-# steps at 0.86x the AR server's throughput (`benchmarks/auto_budget_cpu.py`)
+# a drafting budget is chosen over AR steps only when its estimated tokens/s beat theirs by this share: where AR steps
+# run, its estimate leans high. A drafting step after AR steps starts wherever they stopped, while a run at its budget
+# starts each step where its last draft failed, in harder text: on a CPU, engines alone at 8 requests, auto's budget-16
+# steps, most after AR steps, committed 4.70 tokens a row where DDTree-16's committed 3.64
+# (`benchmarks/results/cpu/auto_step_trace_cpu-2026-12-05-85676f7.log`); in a CPU server at 8 requests auto's trees
+# rated budget 4 at 2.89 tokens a step, its budget-4 steps committed 3.05 and a DDTree-4 server 2.70, and auto ran
+# budget 4 on 37% of its steps at 0.86x the AR server's tok/s (`auto_budget_cpu-2026-12-06-5d9ea48-1round.json`)
 DRAFT_MARGIN = 0.08
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
