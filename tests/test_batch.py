@@ -686,28 +686,32 @@ def test_exploring_budgets_the_start_up_cost_rates_far_below_takes_a_bounded_sha
         )
 
 
-def test_budgets_the_start_up_cost_rates_near_the_chosen_one_are_explored_at_the_plain_cadence():
+def test_budgets_the_start_up_cost_rates_near_ar_are_explored_less_while_they_stay_slow_and_win_back_after():
     """Slow drafting steps (a burst of host work, say) make AR look best; budget 4's step costs twice an AR step
-    but the start-up cost rates it above AR, so it is still explored every `explore_every`-th step: the way
-    back to it once the burst is over."""
-    from specdeploy.engine.budget import BudgetPolicy
+    but the start-up cost rates it above AR, so it is still explored, the way back to it once the burst is over:
+    every `explore_every`-th step at first, a quarter as often while its steps stay slow (MAX_EXPLORE_BACKOFF:
+    a drafting step beside AR steps costs several of them), and at the plain cadence again once one is fast."""
+    from specdeploy.engine.budget import MAX_EXPLORE_BACKOFF, BudgetPolicy
 
     startup = {0: 10e-3, 4: 20e-3}
     policy = BudgetPolicy([0, 4], step_cost(lambda rows, b: startup[b], [0, 4], [1, 8]), explore_every=10)
     tree = [[2.6]]
     for _ in range(3):  # the first steps draft (and predict)
         policy.observe(policy.choose(1), [3], 5 * startup[4], expected=tree)
-    for _ in range(40):  # the burst: drafting steps five times their start-up cost
-        budget = policy.choose(1)
-        policy.observe(budget, [3 if budget else 1], (5 if budget else 1) * startup[budget],
-                       expected=tree if budget else None)  # fmt: skip
     ran = []
-    for _ in range(60):  # drafting steps stay slow, so AR stays chosen: how often is budget 4 measured?
-        budget = policy.choose(1)
-        ran.append(budget)
-        policy.observe(budget, [3 if budget else 1], 5 * startup[4] if budget else startup[0],
-                       expected=tree if budget else None)  # fmt: skip
-    assert ran.count(0) >= 50 and ran.count(4) >= 5  # one step in ten explores budget 4
+    # the burst: drafting steps five times their start-up cost; then it is over
+    for slow, steps in ((5, 240), (1, 400)):
+        for _ in range(steps):
+            budget = policy.choose(1)
+            ran.append(budget)
+            policy.observe(budget, [3 if budget else 1], (slow if budget else 1) * startup[budget],
+                           expected=tree if budget else None)  # fmt: skip
+    burst = ran[80:240]  # after the first explorations, which back the cadence off
+    backed_off = 160 / (10 * MAX_EXPLORE_BACKOFF)  # 16 explored at the plain cadence
+    assert MAX_EXPLORE_BACKOFF >= 2 and backed_off - 1 <= burst.count(4) <= backed_off + 1
+    # back on budget 4 within 220 steps of the burst's end (167 at the plain cadence, 181 so)
+    back = next(i for i in range(240, len(ran)) if ran[i : i + 50].count(4) >= 45) - 240
+    assert back <= 220
 
 
 def test_one_pessimistic_first_tree_does_not_start_a_run_of_ar_steps():

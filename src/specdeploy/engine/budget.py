@@ -51,7 +51,9 @@ different moments are still compared as if side by side; how it is learnt differ
   Qwen3-8B's shape with random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at
   budget 64 23, and exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those the start-up
   cost rates near the chosen one keep the plain cadence: bounding them too kept auto on a CPU in runs of AR
-  steps where drafting paid.
+  steps where drafting paid. While AR steps are chosen, though, that cadence slows by half after each exploring
+  step that finds its budget no faster than its correction says, down to a quarter (MAX_EXPLORE_BACKOFF), and
+  is plain again after one that finds it faster.
 - on a GPU (`load_adds`), seconds added to every step whatever its budget (the host work of another thread, a
   server's delivery, which the interpreter lock makes the step wait for: a factor would make a small tree's
   step look far cheaper than it is while those waits dominate), and no correction per budget: the start-up
@@ -107,6 +109,13 @@ ACCEPT_EXPLORE_EVERY = 4
 # rated budget 4 at 2.89 tokens a step, its budget-4 steps committed 3.05 and a DDTree-4 server 2.70, and auto ran
 # budget 4 on 37% of its steps at 0.86x the AR server's tok/s (`auto_budget_cpu-2026-12-06-5d9ea48-1round.json`)
 DRAFT_MARGIN = 0.08
+# on a CPU, while AR steps are chosen, the plain cadence of exploring a drafting budget doubles after each exploring
+# step that finds it no faster than its correction says, up to this factor, and is back to plain after one that finds
+# it faster by EXPLORE_FASTER: there a drafting step costs 3-5 AR steps, and exploring one every 20th step took about
+# 5% of the time at 8 requests (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`)
+MAX_EXPLORE_BACKOFF = 4
+# an explored step at this share of its budget's median correction, or less, resets the backoff
+EXPLORE_FASTER = 0.8
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -274,6 +283,10 @@ class BudgetPolicy:
         self.choices = 0
         self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
         self._since_explored = 0  # choices since the last exploring one
+        # the factor on `explore_every` while AR steps are chosen on a CPU, and the (budget, row bucket) of an
+        # exploring step chosen beside AR steps and not yet observed (MAX_EXPLORE_BACKOFF)
+        self._explore_backoff = 1
+        self._explored_beside_ar: tuple[int, int] | None = None
         # ((running, windows), budget, the time credit it waits for) of the next exploring step, until a refresh
         self._exploring: tuple[tuple[int, int | None], int, float] | None = None
         self.last_choice: dict[int, int] = {}  # running requests -> the budget chosen last time
@@ -466,13 +479,16 @@ class BudgetPolicy:
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
             self._explore_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
-            if self._since_explored >= self.explore_every:
+            backoff = self._explore_backoff if choice == 0 and not self.load_adds else 1
+            if self._since_explored >= self.explore_every * backoff:
                 if self._exploring is None or self._exploring[0] != (running, windows):
                     explored, near = self._explored(running, windows, ranked)
                     seconds = 0.0 if near else self._exploring_loss(running, explored, choice, windows)
                     self._exploring = ((running, windows), explored, seconds)
                 _, explored, seconds = self._exploring
                 if self._explore_credit >= seconds:
+                    if choice == 0 and not self.load_adds:
+                        self._explored_beside_ar = (explored, self.cost.rows_bucket(running))
                     choice = explored
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
         self.last_choice[running] = choice
@@ -504,6 +520,20 @@ class BudgetPolicy:
             return False
         count, since = self.budget_calibrations[budget], self.predictions - self.calibrated_at[budget]
         return count < MIN_SAMPLES or since >= ACCEPT_EXPLORE_EVERY - 1
+
+    def _back_off_exploring(self, budget: int, bucket: int, correction: float) -> None:
+        """After an exploring step beside AR steps measured `correction`: double the cadence's factor (up to
+        MAX_EXPLORE_BACKOFF) if the step was no faster than its budget's median correction says, else reset it
+        (drafting may pay again: the way back to it keeps the plain cadence). A budget not yet measured
+        MIN_SAMPLES times there leaves it as it is."""
+        self._explored_beside_ar = None
+        measured = self.cost_ratios.get((budget, bucket), ())
+        if len(measured) < MIN_SAMPLES:
+            return
+        if correction <= EXPLORE_FASTER * statistics.median(measured):
+            self._explore_backoff = 1
+        else:
+            self._explore_backoff = min(2 * self._explore_backoff, MAX_EXPLORE_BACKOFF)
 
     def _exploring_loss(self, running: int, explored: int, chosen: int, windows: Windows) -> float:
         """Seconds an iteration at `explored` is estimated to lose against one at `chosen`: its time less the
@@ -563,6 +593,8 @@ class BudgetPolicy:
                     correction = max(seconds - load, 0.0) / step_seconds
                 else:
                     correction = seconds / step_seconds / load
+                if self._explored_beside_ar == (budget, bucket):
+                    self._back_off_exploring(budget, bucket, correction)
                 self.cost_ratios[budget, bucket].append(correction)
                 self.recent.append((budget, bucket, seconds, step_seconds))
                 self._last_step = (budget, bucket)
