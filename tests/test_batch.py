@@ -709,7 +709,7 @@ def test_budgets_the_start_up_cost_rates_near_ar_are_explored_less_while_they_st
     burst = ran[80:240]  # after the first explorations, which back the cadence off
     backed_off = 160 / (10 * MAX_EXPLORE_BACKOFF)  # 16 explored at the plain cadence
     assert MAX_EXPLORE_BACKOFF >= 2 and backed_off - 1 <= burst.count(4) <= backed_off + 1
-    # back on budget 4 within 220 steps of the burst's end (167 at the plain cadence, 181 so)
+    # back on budget 4 within 220 steps of the burst's end (167 at the plain cadence, 181 with the backoff)
     back = next(i for i in range(240, len(ran)) if ran[i : i + 50].count(4) >= 45) - 240
     assert back <= 220
 

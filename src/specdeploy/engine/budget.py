@@ -109,10 +109,10 @@ ACCEPT_EXPLORE_EVERY = 4
 # rated budget 4 at 2.89 tokens a step, its budget-4 steps committed 3.05 and a DDTree-4 server 2.70, and auto ran
 # budget 4 on 37% of its steps at 0.86x the AR server's tok/s (`auto_budget_cpu-2026-12-06-5d9ea48-1round.json`)
 DRAFT_MARGIN = 0.08
-# on a CPU, while AR steps are chosen, the plain cadence of exploring a drafting budget doubles after each exploring
-# step that finds it no faster than its correction says, up to this factor, and is back to plain after one that finds
-# it faster by EXPLORE_FASTER: there a drafting step costs 3-5 AR steps, and exploring one every 20th step took about
-# 5% of the time at 8 requests (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`)
+# on a CPU, while AR steps are chosen, the steps between exploring ones double after each exploring step that finds
+# its budget no faster than its correction says, up to this factor times `explore_every`, and are back to it after one
+# that finds it faster by EXPLORE_FASTER: there a drafting step costs 2.7-5 AR steps, and exploring every 20th step
+# made about 5% of the steps drafting ones at 8 requests (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`)
 MAX_EXPLORE_BACKOFF = 4
 # an explored step at this share of its budget's median correction, or less, resets the backoff
 EXPLORE_FASTER = 0.8
