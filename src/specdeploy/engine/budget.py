@@ -481,15 +481,15 @@ class BudgetPolicy:
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
             self._explore_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
-            backoff = self._explore_backoff if choice == 0 and not self.load_adds else 1
-            if self._since_explored >= self.explore_every * backoff:
+            beside_ar = choice == 0 and not self.load_adds  # where the backoff applies
+            if self._since_explored >= self.explore_every * (self._explore_backoff if beside_ar else 1):
                 if self._exploring is None or self._exploring[0] != (running, windows):
                     explored, near = self._explored(running, windows, ranked)
                     seconds = 0.0 if near else self._exploring_loss(running, explored, choice, windows)
                     self._exploring = ((running, windows), explored, seconds)
                 _, explored, seconds = self._exploring
                 if self._explore_credit >= seconds:
-                    if choice == 0 and not self.load_adds:
+                    if beside_ar:
                         self._explored_beside_ar = (explored, self.cost.rows_bucket(running))
                     choice = explored
                     self._explore_credit, self._since_explored, self._exploring = 0.0, 0, None
