@@ -194,7 +194,9 @@ def _down_kernel(
 
 
 @triton.jit
-def _gemv_tile(w, col, col_ok, vector_ptr, ROW_WIDTH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_tile(
+    w, col, col_ok, vector_ptr, ROW_WIDTH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """float32 sums over k < ROW_WIDTH of w[col, k] * vector[k] (rows of ROW_WIDTH contiguous values). The
     reduction tiles are unrolled: no load waits on another's, so a program has all of them in flight at once
     (a runtime loop issued them as a chain of round trips to memory)."""
@@ -232,7 +234,9 @@ def _gate_up_gemv_kernel(
     col_ok = col < width
     dtype = out_ptr.dtype.element_ty
     gate = _round(_gemv_tile(w, col, col_ok, x_ptr, HIDDEN, BLOCK_N, BLOCK_K), dtype)
-    up = _round(_gemv_tile(w + width.to(tl.int64) * HIDDEN, col, col_ok, x_ptr, HIDDEN, BLOCK_N, BLOCK_K), dtype)
+    up = _round(
+        _gemv_tile(w + width.to(tl.int64) * HIDDEN, col, col_ok, x_ptr, HIDDEN, BLOCK_N, BLOCK_K), dtype
+    )
     silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
     tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
 
