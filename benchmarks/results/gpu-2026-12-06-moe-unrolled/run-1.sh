@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device call (about 9 minutes): one token's MoE matrix-vector kernels and the one-kernel router with their
 # reduction tiles and expert pairs unrolled, so that a program has all its loads in flight at once, against the
-# tree before (ab_before/, `git archive $BEFORE`): the one-token sweep at the head on mla-moe-16b, the GPU tests
+# tree before (this tree with ab_before/ laid over it: the files of src that differ at $BEFORE, as
+# `git diff --name-only $BEFORE $COMMIT -- src` lists them, in their $BEFORE version): the one-token sweep at the head on mla-moe-16b, the GPU tests
 # of the MoE kernels and of the deepseek family, then mla-moe-16b's AR, DFlash and DDTree-64 steps of both trees
 # in turn. Run from the repository root with OUT, COMMIT and BEFORE set; $OUT/results.tgz is packed after each step,
 # so a call cut short returns what it measured.
@@ -23,6 +24,7 @@ side() {  # $1 tree, $2 label, $3 time limit
     > "$R/engine_mla-moe-16b_$2.log" 2>&1)
   echo "$2"; grep -E "^(mode|ar|dflash|ddtree)" "$R/engine_mla-moe-16b_$2.log" || tail -3 "$R/engine_mla-moe-16b_$2.log"; pack
 }
-side ab_before "$BEFORE" 110
+mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp -r ab_before/. /tmp/before/
+side /tmp/before "$BEFORE" 110
 side . "$COMMIT" 110
 sed -i 's#/root/out/r/##g' "$R"/*.json "$R"/*.log; pack
