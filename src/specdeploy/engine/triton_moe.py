@@ -194,18 +194,14 @@ def _down_kernel(
 
 
 @triton.jit
-def _gemv_tile(
-    w, col, col_ok, vector_ptr, ROW_WIDTH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
-):
-    """float32 sums over k < ROW_WIDTH of w[col, k] * vector[k] (rows of ROW_WIDTH contiguous values). The
-    reduction tiles are unrolled: no load waits on another's, so a program has all of them in flight at once
-    (a runtime loop issued them as a chain of round trips to memory)."""
+def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 sums over k < row_width of w[col, k] * vector[k] (rows of `row_width` contiguous values)."""
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in tl.static_range(0, ROW_WIDTH, BLOCK_K):
+    for k0 in range(0, row_width, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < ROW_WIDTH
+        k_ok = kk < row_width
         v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        m = tl.load(w + col[:, None].to(tl.int64) * ROW_WIDTH + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+        m = tl.load(w + col[:, None].to(tl.int64) * row_width + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
                     other=0.0)  # fmt: skip
         acc += m.to(tl.float32) * v[None, :]
     return tl.sum(acc, axis=1)
@@ -217,8 +213,8 @@ def _gate_up_gemv_kernel(
     w13_ptr, shared13_ptr,  # as _gate_up_kernel's
     indices_ptr,  # [k] the token's routed experts
     out_ptr,  # [k + 1, max(I, Is)] SiLU(gate) * up of each pair (the shared expert's last)
-    top_k, inter, shared_inter, stride_we, stride_out,
-    HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    top_k, hidden, inter, shared_inter, stride_we, stride_out,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     dependent_launch()
     pair = tl.program_id(0)  # routed pairs, then the shared expert's
@@ -233,9 +229,9 @@ def _gate_up_gemv_kernel(
     col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < width
     dtype = out_ptr.dtype.element_ty
-    gate = _round(_gemv_tile(w, col, col_ok, x_ptr, HIDDEN, BLOCK_N, BLOCK_K), dtype)
+    gate = _round(_gemv_tile(w, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype)
     up = _round(
-        _gemv_tile(w + width.to(tl.int64) * HIDDEN, col, col_ok, x_ptr, HIDDEN, BLOCK_N, BLOCK_K), dtype
+        _gemv_tile(w + width.to(tl.int64) * hidden, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype
     )
     silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
     tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
@@ -248,21 +244,20 @@ def _down_gemv_kernel(
     indices_ptr,  # [k] the token's routed experts
     weight_ptr,  # [k] their routing weights
     out_ptr,  # [1, H] the token's MoE output
-    hidden, stride_we, stride_act,
-    TOP_K: tl.constexpr, INTER: tl.constexpr, SHARED_INTER: tl.constexpr,  # SHARED_INTER 0: no shared expert
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    top_k, hidden, inter, shared_inter, stride_we, stride_act,
+    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     dependent_launch()
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
     total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
-    for pair in tl.static_range(TOP_K):  # unrolled, as the tiles: every pair's loads in flight at once
+    for pair in range(0, top_k):
         w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
-        expert = _gemv_tile(w, col, col_ok, act_ptr + pair * stride_act, INTER, BLOCK_N, BLOCK_K)
+        expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
         total += _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
-    if SHARED_INTER > 0:  # weight 1
-        total += _round(_gemv_tile(shared2_ptr, col, col_ok, act_ptr + TOP_K * stride_act, SHARED_INTER,
+    if SHARED:  # weight 1
+        total += _round(_gemv_tile(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
                                    BLOCK_N, BLOCK_K), dtype)  # fmt: skip
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
 
@@ -465,16 +460,16 @@ def _one_token_moe(
     act = torch.empty(top_k + 1, widest, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     _gate_up_gemv_kernel[(top_k + int(has_shared), triton.cdiv(widest, gate_up.block_n))](
-        x, w13, shared13, indices, act, top_k, inter, shared_inter, w13.stride(0), act.stride(0),
-        HIDDEN=hidden, BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps,
-        num_stages=gate_up.stages,
+        x, w13, shared13, indices, act, top_k, hidden, inter, shared_inter, w13.stride(0), act.stride(0),
+        BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps, num_stages=gate_up.stages,
         **launch_options(),
     )  # fmt: skip
     out = torch.empty_like(x)
     _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
-        act, w2, shared2, indices, weights.contiguous(), out, hidden, w2.stride(0), act.stride(0),
-        TOP_K=top_k, INTER=inter, SHARED_INTER=shared_inter, BLOCK_N=down.block_n, BLOCK_K=down.block_k,
-        num_warps=down.warps, num_stages=down.stages,
+        act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
+        act.stride(0),
+        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
+        num_stages=down.stages,
         **launch_options(),
     )  # fmt: skip
     return out
@@ -522,15 +517,15 @@ def _route_kernel(
     router_ptr,  # [E, H] float32 router weight
     bias_ptr, logits_ptr, weights_ptr, indices_ptr,
     count_ptr,  # [N] int32 zeros: programs done per token (the last one sets it back to 0)
-    experts, scale,
+    experts, hidden, scale,
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-    HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     dependent_launch()
     token = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < experts
-    logits = _gemv_tile(router_ptr, e, e_ok, x_ptr + token.to(tl.int64) * HIDDEN, HIDDEN, BLOCK_E, BLOCK_K)
+    logits = _gemv_tile(router_ptr, hidden, e, e_ok, x_ptr + token.to(tl.int64) * hidden, BLOCK_E, BLOCK_K)
     tl.store(logits_ptr + token * experts + e, logits, mask=e_ok)
     tl.debug_barrier()  # every thread's logits are written before the program counts itself done
     done = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
@@ -601,13 +596,12 @@ def route(
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
     indices = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
     block_e = block_e or ROUTE_BLOCK_E
-    # up to 2048 router values a load: fewer, larger loads were faster while each waited for the one before
-    # (`_gemv_tile` now unrolls them)
+    # up to 2048 router values a load: a program's loads are a chain of round trips to memory, so fewer is faster
     block_k = max(256, min(triton.next_power_of_2(hidden), 2048 // block_e))
     _route_kernel[(tokens, triton.cdiv(experts, block_e))](
-        x.contiguous(), router, bias, logits, weights, indices, counts, experts, scale,
+        x.contiguous(), router, bias, logits, weights, indices, counts, experts, hidden, scale,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
-        BLOCK_E=block_e, HIDDEN=hidden, BLOCK_K=block_k, num_warps=4,
+        BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
         **launch_options(),
     )  # fmt: skip
     return weights, indices
