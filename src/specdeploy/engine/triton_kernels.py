@@ -714,14 +714,27 @@ class AttentionTiles(NamedTuple):
     stages: int
 
 
+# Query rows from which MLA's latent head (576 wide) takes 64-row tiles of 8 warps: from 4112 rows on (a 257-token
+# tree of 16 heads, 65 tokens of 64) they took 0.63-0.70x the 16-row tiles' time on one H100, at 1040-1088 rows
+# 1.03-1.06x (benchmarks/results/h100-2026-12-06-attention-tiles/); in between not measured
+MLA_WIDE_TILE_ROWS = 2048
+
+
 def default_attention_tiles(rows: int, width: int) -> AttentionTiles:
-    """Query rows per program: 16 for one query row block or MLA's 576-wide latent head (a 64-row tile would
-    not fit in registers and shared memory), 32 for 256-wide heads (64-row tiles in 3 stages need 232 KiB of
-    shared memory, the H200 has 227), else 64."""
-    wide = width > 256
-    broad = width == 256
-    block_m = 16 if rows <= 16 or wide else 32 if broad else 64
-    return AttentionTiles(block_m, 32 if wide or broad else 64, 4, 2 if wide or broad else 3)
+    """The tiles `benchmarks/attention_tile_sweep.py` found fastest, or within 25% of it, on one H100 for a DFlash
+    block and DDTree trees (17, 65 and 257 tokens over 768 slots; benchmarks/results/h100-2026-12-06-attention-tiles/):
+    MLA's 576-wide latent head 16-row tiles of 32 keys, 4 warps, 2 stages, and from MLA_WIDE_TILE_ROWS rows 64 x 64
+    in 8 warps (64-row tiles in 3 stages need more shared memory than the 227 KiB of an H100 or H200); 256-wide
+    heads 64 x 32, 4 warps, 2 stages; 128-wide 64 x 32, 4 warps, 3 stages. Up to 16 rows (one query row block:
+    decode), and at other widths, the tiles before that sweep."""
+    wide, broad = width > 256, width == 256
+    if rows <= 16:
+        return AttentionTiles(16, 32 if wide or broad else 64, 4, 2 if wide or broad else 3)
+    if wide:
+        return AttentionTiles(64, 64, 8, 2) if rows >= MLA_WIDE_TILE_ROWS else AttentionTiles(16, 32, 4, 2)
+    if broad:
+        return AttentionTiles(64, 32, 4, 2)
+    return AttentionTiles(64, 32 if width == 128 else 64, 4, 3)
 
 
 def masked_attention(
