@@ -113,7 +113,7 @@ def main() -> None:
             started = time.perf_counter()
             work = Workload(HEADS[name], tokens, args.window)
             _, group, width, _, _ = HEADS[name]
-            default = default_attention_tiles(group * tokens, width)
+            default = default_attention_tiles(group * tokens, width, work.q.element_size())
             default_ms = work.ms(default)
             rows = []
             for tiles in GRID:

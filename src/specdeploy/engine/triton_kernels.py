@@ -720,21 +720,27 @@ class AttentionTiles(NamedTuple):
 MLA_WIDE_TILE_ROWS = 2048
 
 
-def default_attention_tiles(rows: int, width: int) -> AttentionTiles:
+def default_attention_tiles(rows: int, width: int, element_bytes: int) -> AttentionTiles:
     """The tiles `benchmarks/attention_tile_sweep.py` found fastest, or within 25% of it, on one H100 for a DFlash
     block and DDTree trees (17, 65 and 257 tokens over 768 slots; benchmarks/results/h100-2026-12-06-attention-tiles/):
     MLA's 576-wide latent head 16-row tiles of 32 keys, 4 warps, 2 stages, and from MLA_WIDE_TILE_ROWS rows 64 x 64
     in 8 warps (64-row tiles in 3 stages need more shared memory than the 227 KiB of an H100 or H200); 256-wide
     heads 64 x 32, 4 warps, 2 stages; 128-wide 64 x 32, 4 warps, 3 stages. Up to 16 rows (one query row block:
-    decode), and at other widths, the tiles before that sweep."""
+    decode), at other widths, and for float32 queries and keys (`element_bytes` 4: twice the shared memory; MLA's
+    64-row tiles do not fit), the tiles before that sweep, which ran in bfloat16."""
     wide, broad = width > 256, width == 256
-    if rows <= 16:
-        return AttentionTiles(16, 32 if wide or broad else 64, 4, 2 if wide or broad else 3)
-    if wide:
-        return AttentionTiles(64, 64, 8, 2) if rows >= MLA_WIDE_TILE_ROWS else AttentionTiles(16, 32, 4, 2)
-    if broad:
-        return AttentionTiles(64, 32, 4, 2)
-    return AttentionTiles(64, 32 if width == 128 else 64, 4, 3)
+    if rows > 16 and element_bytes <= 2:
+        if wide:
+            return (
+                AttentionTiles(64, 64, 8, 2) if rows >= MLA_WIDE_TILE_ROWS else AttentionTiles(16, 32, 4, 2)
+            )
+        if broad:
+            return AttentionTiles(64, 32, 4, 2)
+        if width == 128:
+            return AttentionTiles(64, 32, 4, 3)
+    # the tiles before that sweep
+    block_m = 16 if rows <= 16 or wide else 32 if broad else 64
+    return AttentionTiles(block_m, 32 if wide or broad else 64, 4, 2 if wide or broad else 3)
 
 
 def masked_attention(
@@ -759,7 +765,7 @@ def masked_attention(
     rows = group * tokens
     main = 1 << (width.bit_length() - 1)  # MLA's 576 = 512 + 64: two power-of-two parts
     extra = width - main
-    block_m, block_n, warps, stages = tiles or default_attention_tiles(rows, width)
+    block_m, block_n, warps, stages = tiles or default_attention_tiles(rows, width, q.element_size())
     row_tiles = triton.cdiv(rows, block_m)
     programs = batch * kv_heads * row_tiles
     splits = max(1, min(triton.cdiv(264, programs), triton.cdiv(window, block_n)))
