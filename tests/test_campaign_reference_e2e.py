@@ -21,7 +21,7 @@ from specdeploy.bench.results import INCOMPLETE_FILE, RunDirectory
 from specdeploy.campaign.runner import DeployControl, run_campaign
 from specdeploy.campaign.spec import load_campaign
 from specdeploy.deploy.deployment import deployment_status, load_deployment
-from specdeploy.deploy.orphans import LEASES_ENV
+from specdeploy.deploy.leases import LEASES_ENV
 from specdeploy.report.commands import write_report
 from specdeploy.zoo.random_pair import write_random_pair
 

@@ -81,3 +81,47 @@ def test_no_package_imports_upward() -> None:
 def test_the_checker_sees_lazy_imports() -> None:
     # a property of the checker itself: the deferred import in bench/compare.py (inside a function) is seen
     assert "zoo" in imported_packages("bench")
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Every specdeploy module (dotted name) -> the specdeploy modules it imports, lazily or not."""
+    modules = {
+        ".".join(("specdeploy", *path.relative_to(ROOT).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        ): path
+        for path in ROOT.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from package import module` names a module; `from module import name` names the module
+                targets |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+        # a module's own packages are being imported already when it runs: those edges close no cycle
+        graph[name] = {t for t in targets if t in modules and t != name and not name.startswith(f"{t}.")}
+    return graph
+
+
+def test_no_two_modules_import_each_other_through_any_chain() -> None:
+    """No import cycle among the modules, lazy imports included."""
+    graph = module_imports()
+    cycles = []
+    for start in graph:
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for target in graph[node]:
+                if target == start:
+                    cycles.append(" -> ".join([*path, target]))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*path, target]))
+    assert cycles == []
+
+
+def test_the_cycle_checker_sees_lazy_imports() -> None:
+    # a property of the checker itself: deploy/orphans.py imports deploy/deployment.py inside a function
+    assert "specdeploy.deploy.deployment" in module_imports()["specdeploy.deploy.orphans"]

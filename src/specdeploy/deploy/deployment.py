@@ -14,6 +14,7 @@ from specdeploy.api_key import auth_headers, redact
 from specdeploy.deploy.hardware import DetectedHardware, detect_hardware
 from specdeploy.deploy.health import probe, wait_for_health
 from specdeploy.deploy.launchers import LauncherName, LaunchHandle, get_launcher
+from specdeploy.deploy.leases import release_lease, take_lease
 from specdeploy.deploy.manifest import (
     DEFAULT_RUNS_ROOT,
     STATE_FILE,
@@ -32,7 +33,6 @@ from specdeploy.deploy.manifest import (
     write_manifest,
     write_state,
 )
-from specdeploy.deploy.orphans import release_lease, take_lease
 from specdeploy.deploy.preflight import PreflightReport, run_preflight
 from specdeploy.deploy.processes import ProcessIdentity
 from specdeploy.deploy.sglang_check import StartupCheck

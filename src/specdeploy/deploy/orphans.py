@@ -1,21 +1,21 @@
 """Servers whose command was killed before it could stop them: found and stopped, whatever killed it.
 
-A command that promises to stop the servers it starts (campaign, demo) leaves a lease for each: a small file
-naming the server's deployment directory and the command's process. Ctrl-C and SIGTERM unwind normally and
-remove the lease; SIGKILL (or an OOM kill, or a lost terminal) cannot. Then two things stop the server:
+A command that promises to stop the servers it starts (campaign, demo) leaves a lease for each
+(`deploy.leases`): a small file naming the server's deployment directory and the command's process. Ctrl-C and
+SIGTERM unwind normally and remove the lease; SIGKILL (or an OOM kill, or a lost terminal) cannot. Then two things
+stop the server:
 
 - a watchdog process the command started beside itself, in its own session, which outlives the kill and
   stops the command's servers within seconds of its death;
 - failing that (the watchdog was killed too), the next `specdeploy` command of any kind, which stops every
   server whose lease names a dead process, and says so.
 
-This module stays light at import (no httpx, no deploy modules): `specdeploy --help` runs `reap_orphans` too.
+This module stays light at import (no httpx; of the deploy modules only `leases` and `processes`, the deployment
+itself when a server is to be stopped): `specdeploy --help` runs `reap_orphans` too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -24,55 +24,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specdeploy.deploy.leases import leases
 from specdeploy.deploy.processes import ProcessIdentity, identify, leader_alive
 from specdeploy.errors import SpecdeployError
 
-LEASES_ENV = "SPECDEPLOY_LEASES"  # where leases live (tests point it at a temporary directory)
 WATCH_POLL_S = 2.0
-
-
-def leases_dir() -> Path:
-    root = os.environ.get("SPECDEPLOY_CACHE") or str(Path.home() / ".cache" / "specdeploy")
-    return Path(os.environ.get(LEASES_ENV) or Path(root) / "leases")
-
-
-def _lease_path(deploy_dir: Path) -> Path:
-    key = hashlib.sha256(str(deploy_dir.resolve()).encode()).hexdigest()[:16]
-    return leases_dir() / f"{key}.json"
-
-
-def take_lease(deploy_dir: Path, owner: ProcessIdentity) -> None:
-    """Record that `owner` will stop the server in `deploy_dir` (written before the server starts)."""
-    path = _lease_path(deploy_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    document = {"deploy_dir": str(deploy_dir.resolve()), "owner": owner.model_dump()}
-    partial.write_text(json.dumps(document) + "\n", encoding="utf-8")
-    partial.replace(path)
-
-
-def release_lease(deploy_dir: Path) -> None:
-    _lease_path(deploy_dir).unlink(missing_ok=True)
-
-
-def _leases() -> Iterator[tuple[Path, Path, ProcessIdentity]]:
-    """(lease file, deployment directory, owner) of every lease; unreadable ones are dropped."""
-    directory = leases_dir()
-    if not directory.is_dir():
-        return
-    for path in sorted(directory.glob("*.json")):
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-            yield path, Path(document["deploy_dir"]), ProcessIdentity.model_validate(document["owner"])
-        except (OSError, ValueError, KeyError):
-            path.unlink(missing_ok=True)  # half written by a killed command, or not ours: nothing to stop
 
 
 def reap_orphans(say: Callable[[str], None], owner_pid: int | None = None) -> list[Path]:
     """Stop every leased server whose owner is dead (only `owner_pid`'s, when given); returns their
     deployment directories."""
     reaped = []
-    for path, deploy_dir, owner in _leases():
+    for path, deploy_dir, owner in leases():
         if (owner_pid is not None and owner.pid != owner_pid) or leader_alive(owner):
             continue
         try:
