@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cuda_timing import graph_replay_ms  # noqa: E402
 
 from specdeploy.engine import triton_moe  # noqa: E402
+from specdeploy.engine.triton_gemv import GemvTiles  # noqa: E402
 from specdeploy.engine.triton_moe import (  # noqa: E402
-    GemvTiles,
     MoeTiling,
     Tiles,
     default_tiling,

@@ -7,7 +7,8 @@ Comma-separated settings, as `benchmarks/moe_tile_sweep.py --one-token` prints t
 token's experts as the matrix-vector kernels with those gate|up and down tiles (`triton_moe.ONE_TOKEN`: columns
 per program, reduction tile, warps, stages), `grouped` as the grouped-GEMM kernels; `routeE` routes in one kernel
 with E experts a program (`triton_moe.ROUTE_BLOCK_E`), `routeE:T` up to T tokens (`triton_moe.ROUTE_TOKENS`; 0:
-the matrix product and `sigmoid_top_k` always).
+the matrix product and `sigmoid_top_k` always); `linearNxKxWxS` runs one row's dense projections (`ops.linear`)
+through the matrix-vector kernel with those tiles (`triton_gemv.ONE_ROW_LINEAR`), `cublas` through F.linear.
 """
 
 from __future__ import annotations
@@ -19,19 +20,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from specdeploy.engine import triton_moe  # noqa: E402
+from specdeploy.engine import triton_gemv, triton_moe  # noqa: E402
 
 
 def apply(settings: str) -> None:
     for part in settings.split(","):
         if part == "grouped":
             triton_moe.ONE_TOKEN = None
+        elif part == "cublas":
+            triton_gemv.ONE_ROW_LINEAR = None
+        elif part.startswith("linear"):
+            triton_gemv.ONE_ROW_LINEAR = triton_gemv.GemvTiles(
+                *(int(n) for n in part.removeprefix("linear").split("x"))
+            )
         elif part.startswith("route"):
             block_e, _, tokens = part.removeprefix("route").partition(":")
             triton_moe.ROUTE_BLOCK_E = int(block_e)
             triton_moe.ROUTE_TOKENS = int(tokens or triton_moe.ROUTE_TOKENS)
         else:
-            gate_up, down = (triton_moe.GemvTiles(*(int(n) for n in t.split("x"))) for t in part.split("/"))
+            gate_up, down = (triton_gemv.GemvTiles(*(int(n) for n in t.split("x"))) for t in part.split("/"))
             triton_moe.ONE_TOKEN = (gate_up, down)
 
 

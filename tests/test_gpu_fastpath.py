@@ -355,22 +355,45 @@ def test_mla_attention_with_the_value_up_projection_equals_sdpa_and_einsum(token
         assert (got.float() - exact).abs().max() <= 2 * (want.float() - exact).abs().max()
 
 
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(3648, 2048), (2048, 2048), (2112, 7168), (12288, 1536), (7168, 8192)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_linear_equals_f_linear(out_features, in_features, dtype, bias):
+    """mla-moe-16b's and Kimi's one-row projections (q|kv_a, o_proj; Kimi's q_a|kv_a, q_b and o_proj), launched
+    as every engine kernel is (with PDL on Hopper), the first weight tile loaded before the wait."""
+    from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, linear_one_row
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(in_features)
+    with torch.device("cuda"):
+        weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+        b = torch.randn(out_features, generator=gen).to(dtype) if bias else None
+        x = torch.randn(1, 1, in_features, generator=gen).to(dtype)
+    close(linear_one_row(x, weight, b, ONE_ROW_LINEAR), torch.nn.functional.linear(x, weight, b))
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the
-    Triton kernels against the same model with every kernel off: prefill, then a 5-token verify over it."""
+    Triton kernels against the same model with every kernel off: prefill, a 5-token verify over it, then one token
+    (its projections through the one-row kernel)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     target = load_target(pairs[family][0], "cuda", torch.float32)
-    sequence = torch.tensor([PROMPT + [11, 4, 30, 2, 19]], device="cuda")
+    sequence = torch.tensor([PROMPT + [11, 4, 30, 2, 19, 23]], device="cuda")
 
-    def logits() -> tuple[torch.Tensor, torch.Tensor]:
+    def logits() -> tuple[torch.Tensor, ...]:
         cache = target.new_cache(1, 32)
         with torch.inference_mode():
             first, _ = target_pass(target, sequence[:, :7], torch.arange(7, device="cuda")[None], cache)
             second, _ = target_pass(
-                target, sequence[:, 7:], torch.arange(7, 12, device="cuda")[None], cache, 7
+                target, sequence[:, 7:12], torch.arange(7, 12, device="cuda")[None], cache, 7
             )
-        return first, second
+            third, _ = target_pass(
+                target, sequence[:, 12:], torch.arange(12, 13, device="cuda")[None], cache, 12
+            )
+        return first, second, third
 
     got = logits()
     with torch_paths():

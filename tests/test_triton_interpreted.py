@@ -150,7 +150,7 @@ CHECKS = textwrap.dedent(
     # one token's experts as the matrix-vector kernels (their default tiles, and others), and as the grouped
     # kernels: with and without shared experts, widths that are no multiple of the tiles, several reduction tiles
     from specdeploy.engine import triton_moe
-    from specdeploy.engine.triton_moe import GemvTiles
+    from specdeploy.engine.triton_gemv import GemvTiles
 
     default_tiles = triton_moe.ONE_TOKEN
 
@@ -168,6 +168,19 @@ CHECKS = textwrap.dedent(
                 triton_moe.ONE_TOKEN = tiles
                 close(fused_moe(x, block.w13, block.w2, weights, indices, *shared_weights), want)
     triton_moe.ONE_TOKEN = default_tiles
+
+    # one row's projection as the matrix-vector kernel: with and without a bias, widths no multiple of the tiles,
+    # one reduction tile and several (the first loaded before the kernel waits for the one before)
+    from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, linear_one_row
+
+    linear_cases = ((64, 40, False, ONE_ROW_LINEAR), (100, 37, True, GemvTiles(4, 32, 4, 2)),
+                    (96, 8, False, GemvTiles(8, 32, 2, 1)))
+    for in_features, out_features, bias, tiles in linear_cases:
+        layer = torch.nn.Linear(in_features, out_features, bias=bias)
+        x = torch.randn(1, 1, in_features)
+        with torch.no_grad():
+            close(linear_one_row(x, layer.weight, layer.bias, tiles), layer(x))
+            close(ops.linear(x, layer), layer(x))
 
 
     # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and

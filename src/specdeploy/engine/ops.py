@@ -77,6 +77,17 @@ def step_kernels_for(x: torch.Tensor):
     return triton_step
 
 
+def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """layer(x); one row where Triton runs through the matrix-vector kernel (`triton_gemv.linear_one_row`, unless
+    `triton_gemv.ONE_ROW_LINEAR` is None)."""
+    if x.numel() == layer.in_features and _use_triton(x):
+        from specdeploy.engine import triton_gemv
+
+        if triton_gemv.ONE_ROW_LINEAR is not None:
+            return triton_gemv.linear_one_row(x, layer.weight, layer.bias, triton_gemv.ONE_ROW_LINEAR)
+    return layer(x)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

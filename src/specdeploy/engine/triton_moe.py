@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
 
 
@@ -43,15 +44,6 @@ class MoeTiling(NamedTuple):
     block_m: int
     gate_up: Tiles
     down: Tiles
-
-
-class GemvTiles(NamedTuple):
-    """A one-token kernel's launch shape: output columns per program, reduction tile, warps, pipeline stages."""
-
-    block_n: int
-    block_k: int
-    warps: int
-    stages: int
 
 
 # One token's experts as matrix-vector kernels, (gate|up tiles, down tiles); None: the grouped-GEMM kernels, with
@@ -191,20 +183,6 @@ def _down_kernel(
     result = _round(_round(acc, dtype) * scale[:, None], dtype)
     out = out_ptr + pair[:, None].to(tl.int64) * hidden + col[None, :]
     tl.store(out, result, mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 sums over k < row_width of w[col, k] * vector[k] (rows of `row_width` contiguous values)."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, row_width, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < row_width
-        v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        m = tl.load(w + col[:, None].to(tl.int64) * row_width + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
-        acc += m.to(tl.float32) * v[None, :]
-    return tl.sum(acc, axis=1)
 
 
 @triton.jit

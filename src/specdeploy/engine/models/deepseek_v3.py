@@ -93,9 +93,9 @@ class MultiLatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        q, kv = self.input_proj(x).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
+        q, kv = ops.linear(x, self.input_proj).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
         if self.q_lora_rank is not None:
-            q = self.q_b_proj(self.q_a_layernorm(q))
+            q = ops.linear(self.q_a_layernorm(q), self.q_b_proj)
         q = q.view(b, tokens, self.heads, -1)
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
@@ -117,7 +117,7 @@ class MultiLatentAttention(nn.Module):
             query = torch.cat([absorbed, apply_rope(q_rot, batch.rope, self.interleaved)], dim=-1)
         keys = batch.view(cache.entry(self.layer_idx)[0])
         out = attend(query, keys, keys[..., : self.kv_lora_rank], batch, self.scale, value_up)
-        return self.o_proj(out)
+        return ops.linear(out, self.o_proj)
 
 
 class GroupLimitedRouter(nn.Module):
