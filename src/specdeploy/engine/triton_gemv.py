@@ -4,8 +4,8 @@ At batch 1 a decoding step's projections each multiply one row by a weight matri
 work. cuBLAS's kernels for one row of MLA's projections took about 6 us each on an H200, half the copy bandwidth
 (`benchmarks/results/h200-2026-12-05-mla-fusions/`), and, not being Triton kernels, each broke the chain of
 programmatic dependent launches (`triton_launch`) twice. `linear_one_row` is a Triton kernel in that chain, and
-loads its first weight tile before it waits for the kernel before it: the weights do not depend on that kernel,
-so their load overlaps its end.
+loads its first weight tile before it waits for the kernel before it (`_gemv_tile_waiting`, which the router's
+kernel uses too): the weights do not depend on that kernel, so their load overlaps its end.
 """
 
 from __future__ import annotations
@@ -49,6 +49,27 @@ def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLO
 
 
 @triton.jit
+def _gemv_tile_waiting(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`_gemv_tile` as a kernel's first reads: its first weight tile is loaded, then the kernel waits for the one
+    before it (`dependent_launch`), then reads the vector. For weights no earlier kernel writes: their load overlaps
+    that kernel's end."""
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < row_width
+    rows = w + col[:, None].to(tl.int64) * row_width
+    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    acc = m.to(tl.float32) * v[None, :]
+    for k0 in range(BLOCK_K, row_width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < row_width
+        v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += m.to(tl.float32) * v[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _linear_row_kernel(
     x_ptr,  # [K] the row
     w_ptr,  # [N, K] contiguous
@@ -59,21 +80,7 @@ def _linear_row_kernel(
 ):  # fmt: skip
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < out_features
-    rows = w_ptr + col[:, None].to(tl.int64) * in_features
-    kk = tl.arange(0, BLOCK_K)
-    k_ok = kk < in_features
-    # the first weight tile before the wait: weights are no output of the kernel before
-    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    dependent_launch()
-    v = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-    acc = m.to(tl.float32) * v[None, :]
-    for k0 in range(BLOCK_K, in_features, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < in_features
-        v = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += m.to(tl.float32) * v[None, :]
-    out = tl.sum(acc, axis=1)
+    out = _gemv_tile_waiting(w_ptr, in_features, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + col, out.to(out_ptr.dtype.element_ty), mask=col_ok)

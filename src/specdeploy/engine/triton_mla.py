@@ -73,7 +73,6 @@ def _mla_query_entry_kernel(
     NOPE: tl.constexpr, L: tl.constexpr, R: tl.constexpr, INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch()
     program = tl.program_id(0)
     dtype = query_ptr.dtype.element_ty
     latent_blocks: tl.constexpr = L // BLOCK_L
@@ -83,9 +82,11 @@ def _mla_query_entry_kernel(
         lat = (program % latent_blocks) * BLOCK_L + tl.arange(0, BLOCK_L)
         nope = tl.arange(0, NOPE)  # the nope width, padded to a power of two of at least 16 for the product
         nope_ok = nope < nope_dim
-        # the key half's block is read once and serves every row, as the batched matmul reads it
+        # the key half's block is read once and serves every row, as the batched matmul reads it; a weight, so
+        # loaded before the wait for the kernel before (its load overlaps that kernel's end)
         key_up = tl.load(up_ptr + head.to(tl.int64) * up_head + nope[:, None] * L + lat[None, :],
                          mask=nope_ok[:, None], other=0.0)  # fmt: skip
+        dependent_launch()
         for start in range(0, rows, BLOCK_T):
             row = start + tl.arange(0, BLOCK_T)
             row_ok = row < rows
@@ -95,6 +96,7 @@ def _mla_query_entry_kernel(
             out = query_ptr + (row[:, None] * heads + head).to(tl.int64) * (L + R) + lat[None, :]
             tl.store(out, absorbed.to(dtype), mask=row_ok[:, None])
         return
+    dependent_launch()
     index = program - absorbing  # then one program per (row, head) rotates, and one per row stores the entry
     row = index // (heads + 1)
     head = index % (heads + 1)
@@ -152,7 +154,6 @@ def _combine_up_kernel(
     splits, split_stride, tokens, heads, up_head, value_dim,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, VALUE_FIRST: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch()
     value_blocks = tl.cdiv(value_dim, BLOCK_V)
     head = tl.program_id(0) // value_blocks
     v = (tl.program_id(0) % value_blocks) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -163,8 +164,9 @@ def _combine_up_kernel(
     s = tl.arange(0, BLOCK_S)
     dtype = out_ptr.dtype.element_ty
     value_at = up_ptr + head.to(tl.int64) * up_head + v[:, None] * L + lat[None, :]
-    if VALUE_FIRST:
+    if VALUE_FIRST:  # a weight: loaded before the wait for the kernel before, so the load overlaps its end
         value_up = tl.load(value_at, mask=v_ok[:, None], other=0.0)
+    dependent_launch()
     # BLOCK_S splits a load (all of a short window's), merged into the running ones as flash-decoding merges
     top = tl.full([1], float("-inf"), tl.float32)
     total = tl.zeros([1], tl.float32)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile
+from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
 
 
@@ -499,11 +499,13 @@ def _route_kernel(
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch()
     token = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < experts
-    logits = _gemv_tile(router_ptr, hidden, e, e_ok, x_ptr + token.to(tl.int64) * hidden, BLOCK_E, BLOCK_K)
+    # waits for the kernel before once the router's first weights are loaded
+    logits = _gemv_tile_waiting(
+        router_ptr, hidden, e, e_ok, x_ptr + token.to(tl.int64) * hidden, BLOCK_E, BLOCK_K
+    )
     tl.store(logits_ptr + token * experts + e, logits, mask=e_ok)
     tl.debug_barrier()  # every thread's logits are written before the program counts itself done
     done = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
