@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     result: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
