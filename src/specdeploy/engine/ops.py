@@ -78,8 +78,8 @@ def step_kernels_for(x: torch.Tensor):
 
 
 def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    """layer(x); one row where Triton runs through the matrix-vector kernel (`triton_gemv.linear_one_row`, unless
-    `triton_gemv.ONE_ROW_LINEAR` is None)."""
+    """layer(x), for the targets' projections; one row (batch-1 decode) where Triton runs through the matrix-vector
+    kernel (`triton_gemv.linear_one_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), more through cuBLAS."""
     if x.numel() == layer.in_features and _use_triton(x):
         from specdeploy.engine import triton_gemv
 

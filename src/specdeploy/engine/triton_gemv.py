@@ -3,7 +3,8 @@
 At batch 1 a decoding step's projections each multiply one row by a weight matrix: reading the weight is all the
 work. cuBLAS's kernels for one row of MLA's projections took about 6 us each on an H200, half the copy bandwidth
 (`benchmarks/results/h200-2026-12-05-mla-fusions/`), and, not being Triton kernels, each broke the chain of
-programmatic dependent launches (`triton_launch`) twice. `linear_one_row` is a Triton kernel in that chain, and
+programmatic dependent launches (`triton_launch`) twice. Every target family's one-row projections take this
+kernel (`ops.linear`). `linear_one_row` is a Triton kernel in that chain, and
 loads its first weight tile before it waits for the kernel before it (`_gemv_tile_waiting`, which the router's
 kernel uses too): the weights do not depend on that kernel, so their load overlaps its end.
 """

@@ -171,7 +171,7 @@ class GatedDeltaNet(nn.Module):
             out = kernels.gated_norm(out, z, self.norm.weight, self.norm.eps, x.dtype)
         else:
             out = self.norm(out.to(x.dtype), z).reshape(batch_size, tokens, self.value_size)
-        return self.out_proj(out)
+        return ops.linear(out, self.out_proj)
 
 
 def part_by_part(groups: int, widths: list[int]) -> torch.Tensor:
@@ -226,8 +226,10 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNet):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        mixed, z = self.in_proj_qkvz(x).split([2 * self.key_size + self.value_size, self.value_size], dim=-1)
-        b, a = self.in_proj_ba(x).split([self.v_heads, self.v_heads], dim=-1)
+        mixed, z = ops.linear(x, self.in_proj_qkvz).split(
+            [2 * self.key_size + self.value_size, self.value_size], dim=-1
+        )
+        b, a = ops.linear(x, self.in_proj_ba).split([self.v_heads, self.v_heads], dim=-1)
         return mixed, z.view(batch, tokens, self.v_heads, self.v_dim), b, a
 
 
@@ -243,5 +245,5 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNet):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, tokens, _ = x.shape
-        mixed, z, b, a = self.in_proj(x).split(list(self.in_proj.parts.values()), dim=-1)
+        mixed, z, b, a = ops.linear(x, self.in_proj).split(list(self.in_proj.parts.values()), dim=-1)
         return mixed, z.view(batch, tokens, self.v_heads, self.v_dim), b, a

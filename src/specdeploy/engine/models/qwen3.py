@@ -89,9 +89,9 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        qkv = self.qkv_proj(x).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = ops.linear(x, self.qkv_proj).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
-        return self.o_proj(qk_norm_attention(self, q, k, v, batch, cache))
+        return ops.linear(qk_norm_attention(self, q, k, v, batch, cache), self.o_proj)
 
 
 class Qwen3ForCausalLM(TargetModel):

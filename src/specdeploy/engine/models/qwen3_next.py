@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdeploy.engine import ops
 from specdeploy.engine.cache import StaticCache
 from specdeploy.engine.forward_batch import ForwardBatch
 from specdeploy.engine.models.base import TargetConfig, TargetModel
@@ -75,14 +76,14 @@ class GatedAttention(Qwen3Attention):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        query_gate, k, v = self.qkv_proj(x).split(
+        query_gate, k, v = ops.linear(x, self.qkv_proj).split(
             [2 * self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
         )
         q, gate = query_gate.view(b, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(b, tokens, self.kv_heads, self.head_dim)
         v = v.view(b, tokens, self.kv_heads, self.head_dim)
         out = qk_norm_attention(self, q, k, v, batch, cache)
-        return self.o_proj(out * torch.sigmoid(gate.reshape(b, tokens, -1)))
+        return ops.linear(out * torch.sigmoid(gate.reshape(b, tokens, -1)), self.o_proj)
 
 
 class SharedExpertMoeBlock(Qwen3MoeSparseBlock):
