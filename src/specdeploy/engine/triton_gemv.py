@@ -36,17 +36,23 @@ ONE_ROW_LINEAR: GemvTiles | None = GemvTiles(4, 2048, 4, 2)
 
 
 @triton.jit
-def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 sums over k < row_width of w[col, k] * vector[k] (rows of `row_width` contiguous values)."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, row_width, BLOCK_K):
+def _add_gemv_tiles(acc, rows, row_width, col_ok, vector_ptr, start, BLOCK_K: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K] plus the float32 products of rows[:, k] and vector[k] for start <= k < row_width."""
+    for k0 in range(start, row_width, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < row_width
         v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        m = tl.load(w + col[:, None].to(tl.int64) * row_width + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc += m.to(tl.float32) * v[None, :]
-    return tl.sum(acc, axis=1)
+    return acc
+
+
+@triton.jit
+def _gemv_tile(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 sums over k < row_width of w[col, k] * vector[k] (rows of `row_width` contiguous values)."""
+    rows = w + col[:, None].to(tl.int64) * row_width
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    return tl.sum(_add_gemv_tiles(acc, rows, row_width, col_ok, vector_ptr, 0, BLOCK_K), axis=1)
 
 
 @triton.jit
@@ -61,13 +67,7 @@ def _gemv_tile_waiting(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.conste
     dependent_launch()
     v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     acc = m.to(tl.float32) * v[None, :]
-    for k0 in range(BLOCK_K, row_width, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < row_width
-        v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += m.to(tl.float32) * v[None, :]
-    return tl.sum(acc, axis=1)
+    return tl.sum(_add_gemv_tiles(acc, rows, row_width, col_ok, vector_ptr, BLOCK_K, BLOCK_K), axis=1)
 
 
 @triton.jit
