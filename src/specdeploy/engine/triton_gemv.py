@@ -3,10 +3,10 @@
 At batch 1 a decoding step's projections each multiply one row by a weight matrix: reading the weight is all the
 work. cuBLAS's kernels for one row of MLA's projections took about 6 us each on an H200, half the copy bandwidth
 (`benchmarks/results/h200-2026-12-05-mla-fusions/`), and, not being Triton kernels, each broke the chain of
-programmatic dependent launches (`triton_launch`) twice. Every target family's one-row projections take this
-kernel (`ops.linear`). `linear_one_row` is a Triton kernel in that chain, and
-loads its first weight tile before it waits for the kernel before it (`_gemv_tile_waiting`, which the router's
-kernel uses too): the weights do not depend on that kernel, so their load overlaps its end.
+programmatic dependent launches (`triton_launch`) twice. `linear_one_row`, which every target family's one-row
+projections take (`ops.linear`), is a Triton kernel in that chain, and loads its first weight tile before it waits
+for the kernel before it (`_gemv_tile_waiting`, which the router's kernel uses too): the weights do not depend on
+that kernel, so their load overlaps its end.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ class GemvTiles(NamedTuple):
     stages: int
 
 
-# One row's projection (`ops.linear`): 4 output columns a program and whole 2048-wide weight rows a load, the
-# one-token experts' fastest tile on an H200 (`triton_moe.ONE_TOKEN`), enough bytes in flight per program to near
-# the copy bandwidth; None: F.linear (cuBLAS).
+# One row's projection (`ops.linear`): 4 output columns a program and whole 2048-wide weight rows a load. On one
+# H100 `benchmarks/one_row_linear_sweep.py` timed mla-moe-16b's projections at 4.58 us against 4.52 at the fastest
+# tiles and 6.75 through cuBLAS, Kimi's at 20.63, the fastest, against 23.90
+# (`benchmarks/results/gpu-2026-12-06-one-row-linear/`); None: F.linear (cuBLAS).
 ONE_ROW_LINEAR: GemvTiles | None = GemvTiles(4, 2048, 4, 2)
 
 
