@@ -10,13 +10,13 @@ import pytest
 
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.runner import BenchConfig, run
+from specdeploy.bench.runs import load_series
 from specdeploy.campaign.matrix import bench_runs, server_configs
 from specdeploy.campaign.spec import load_campaign, parse_campaign
 from specdeploy.errors import SpecdeployError
 from specdeploy.recipes import load_recipe
 from specdeploy.recipes.thinking import with_thinking
 from specdeploy.report.rows import report_rows
-from specdeploy.report.runs import load_series
 
 PLAN = StreamPlan(ttft_s=0.001, gap_s=0.001, tokens_per_chunk=2, output_tokens=8)
 

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from specdeploy.bench.metrics import cell_metrics, compare
 from specdeploy.bench.results import CellKey, CellSummary, Chunk, RequestRecord, RunDirectory, RunManifest
+from specdeploy.bench.runs import load_series
 from specdeploy.cli import app
 from specdeploy.errors import SpecdeployError
 from specdeploy.report.commands import write_report
 from specdeploy.report.plots import pareto_front
 from specdeploy.report.rows import report_rows
-from specdeploy.report.runs import load_series
 
 PROMPTS = 6
 TOKENS = 24

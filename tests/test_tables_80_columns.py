@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from specdeploy.bench.compare import CompareRow
 from specdeploy.bench.display import compare_tables, selftest_table, speedup_table, summary_table
 from specdeploy.bench.results import Distribution, RunDirectory
+from specdeploy.bench.runs import load_series
 from specdeploy.bench.selftest import LevelResult
 from specdeploy.campaign.commands import state_table
 from specdeploy.campaign.state import CampaignState, ServerState
@@ -21,10 +22,10 @@ from specdeploy.cli import app
 from specdeploy.demo.flow import DemoOptions
 from specdeploy.demo.summary import ModeRow as DemoRow
 from specdeploy.demo.summary import table as demo_table
-from specdeploy.report.columns import num, speedup_text
+from specdeploy.report.columns import speedup_text
 from specdeploy.report.rows import report_rows
-from specdeploy.report.runs import load_series
 from specdeploy.report.tables import comparison_tables, rows_tables, series_table
+from specdeploy.terminal_tables import num
 from specdeploy.zoo.registry import zoo_pairs
 from specdeploy.zoo.table import ModeRow, mode_table
 

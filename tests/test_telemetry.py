@@ -13,9 +13,9 @@ import pytest
 from specdeploy.bench import runner
 from specdeploy.bench.fakeserver import FakeServer, ServerThread, StreamPlan
 from specdeploy.bench.runner import run
+from specdeploy.bench.runs import load_series
 from specdeploy.bench.telemetry import CellSampler, cell_sampler, load_nvml
 from specdeploy.report.rows import report_rows
-from specdeploy.report.runs import load_series
 from tests.test_bench_runner import config, custom_prompts
 
 LOCAL = "http://127.0.0.1:30000"

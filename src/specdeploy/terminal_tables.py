@@ -11,6 +11,11 @@ from rich import box
 from rich.table import Table
 
 
+def num(value: float | None, digits: int = 1) -> str:
+    """A figure with thousands separators and `digits` decimals; "-" for none."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
 def narrow_table(title: str | None = None, caption: str | None = None) -> Table:
     return Table(
         title=title,

@@ -9,14 +9,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from specdeploy.bench.runs import Series, load_series
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.project import PROJECTION_SCHEMA, Predicted, Projection, experts_of, series_cells
 from specdeploy.projection.scaling import AllReduce, HardwareScale
 from specdeploy.recipes.loader import load_hardware, load_recipe
 from specdeploy.recipes.schema import HardwareProfile, Recipe
-from specdeploy.report.columns import num
-from specdeploy.report.runs import Series, load_series
-from specdeploy.terminal_tables import add_columns, narrow_table
+from specdeploy.terminal_tables import add_columns, narrow_table, num
 
 RunDir = Annotated[Path, typer.Argument(help="A campaign directory or a bench run directory.")]
 RecipeOption = Annotated[

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from specdeploy.bench.runs import Series
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.model import (
     AR_MODES,
@@ -19,7 +20,6 @@ from specdeploy.projection.model import (
 from specdeploy.projection.scaling import HardwareScale
 from specdeploy.recipes.loader import load_recipe
 from specdeploy.recipes.schema import Recipe
-from specdeploy.report.runs import Series
 
 PROJECTION_SCHEMA = "specdeploy.projection/1"
 

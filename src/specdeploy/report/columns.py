@@ -6,10 +6,7 @@ from collections.abc import Callable
 
 from specdeploy.bench.results import Interval
 from specdeploy.report.rows import ReportRow
-
-
-def num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+from specdeploy.terminal_tables import num
 
 
 def speedup_text(interval: Interval | None) -> str:

@@ -9,11 +9,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from specdeploy.bench.runs import Series, load_series
 from specdeploy.errors import SpecdeployError
 from specdeploy.projection.project import fitted_output_tok_s
 from specdeploy.report.html import render_html
 from specdeploy.report.rows import ReportRow, report_document, report_rows
-from specdeploy.report.runs import Series, load_series
 from specdeploy.report.tables import comparison_tables, model_table, rows_tables, series_table
 
 

@@ -6,9 +6,9 @@ from datetime import datetime, timezone
 from html import escape
 
 import specdeploy
+from specdeploy.bench.runs import Series
 from specdeploy.report.columns import COLUMNS, side_by_side
 from specdeploy.report.rows import ReportRow
-from specdeploy.report.runs import Series
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px; color: #1d2430; }

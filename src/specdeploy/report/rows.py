@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from specdeploy.bench.metrics import cell_metrics
 from specdeploy.bench.results import CellKey, CellSummary, Interval
+from specdeploy.bench.runs import LoadedRun, Series
 from specdeploy.modes import Budget, budget_order
-from specdeploy.report.runs import LoadedRun, Series
 
 REPORT_SCHEMA = "specdeploy.report/1"
 MODE_ORDER = {"ar": 0, "dflash": 1, "ddtree": 2, "eagle3": 3}

@@ -8,10 +8,10 @@ from string import ascii_uppercase
 
 from rich.table import Table
 
-from specdeploy.report.columns import chosen_text, num, percent, speedup_text
+from specdeploy.bench.runs import Series
+from specdeploy.report.columns import chosen_text, percent, speedup_text
 from specdeploy.report.rows import ReportRow
-from specdeploy.report.runs import Series
-from specdeploy.terminal_tables import add_columns, narrow_table
+from specdeploy.terminal_tables import add_columns, narrow_table, num
 
 SERIES_PER_COMPARISON = 2  # series side by side in one terminal table
 

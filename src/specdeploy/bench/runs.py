@@ -1,4 +1,4 @@
-"""Finds the run directories under the paths given to `report` and groups them into series.
+"""Finds the run directories under the paths given to `report` or `project` and groups them into series.
 
 A series is what one line of a plot and one column of the side-by-side table stands for: the runs
 of one recipe on one machine (from the manifest's deployment facts, which the campaign records),
