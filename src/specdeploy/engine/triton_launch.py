@@ -1,9 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for every Triton kernel of the engine.
 
-With PDL each kernel may be launched while the kernel before it on the stream still runs: its programs wait at
-their first instruction (`dependent_launch`) until that kernel has finished and its writes are visible, then let
-the next kernel launch. Every read and write thus keeps the stream's order, each kernel's wait covering the ones
-before it in turn; what it saves is the launch latency between kernels, a large share of a small model's step at
+With PDL each kernel may be launched while the kernel before it on the stream still runs: its programs wait
+(`dependent_launch`) until that kernel has finished and its writes are visible, then let the next kernel launch.
+They wait first, or after loading weights only (which no kernel writes: their load then overlaps the kernel
+before; `tests/test_triton_launch.py` checks every kernel for it). Every read of another kernel's output and every
+write thus keep the stream's order, each kernel's wait covering the ones before it in turn; what it saves is the
+launch latency between kernels, a large share of a small model's step at
 batch 1 (a tiny zoo pair's DDTree step makes about 160 launches, mla-moe-16b's AR step 297). On one H100 it took
 mla-moe-16b's AR step from 2.80-2.94 ms to 2.72-2.79 and the zoo pairs' AR from 3,688 and 3,569 to 3,977 and
 3,938 tok/s (`benchmarks/results/gpu-pdl-ab/`).
