@@ -36,4 +36,4 @@ zoo() {  # $1 label, $2 setting
 }
 zoo cublas cublas
 zoo gemv -
-sed -i 's#/root/out/r/##g; s#/work/main/##g' "$R"/*.json "$R"/*.log; pack
+sed -i "s#/root/out/r/##g; s#$PWD/##g" "$R"/*.json "$R"/*.log; pack
