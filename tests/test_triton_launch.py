@@ -96,10 +96,10 @@ def test_every_kernel_launch_waits_for_the_kernel_before_it_under_pdl() -> None:
     assert len(modules) >= 5
     seen = 0
     for path in modules:
-        launched, starts = launches_and_kernels(path)
+        launched, waits = launches_and_kernels(path)
         for name, passes in launched.items():
             assert passes, f"{path.name}: a launch of {name} lacks **launch_options()"
-            assert starts.get(name), f"{path.name}: {name} may read before it waits (dependent_launch())"
+            assert waits.get(name), f"{path.name}: {name} may read before it waits (dependent_launch())"
             seen += 1
     assert seen >= 25  # the engine's kernels, not an empty match
     _, helpers = launches_and_kernels(ENGINE / "triton_gemv.py")
