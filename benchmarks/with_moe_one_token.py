@@ -8,7 +8,9 @@ token's experts as the matrix-vector kernels with those gate|up and down tiles (
 per program, reduction tile, warps, stages), `grouped` as the grouped-GEMM kernels; `routeE` routes in one kernel
 with E experts a program (`triton_moe.ROUTE_BLOCK_E`), `routeE:T` up to T tokens (`triton_moe.ROUTE_TOKENS`; 0:
 the matrix product and `sigmoid_top_k` always); `linearNxKxWxS` runs one row's dense projections (`ops.linear`)
-through the matrix-vector kernel with those tiles (`triton_gemv.ONE_ROW_LINEAR`), `cublas` through F.linear.
+through the matrix-vector kernel with those tiles (`triton_gemv.ONE_ROW_LINEAR`), `cublas` through F.linear;
+`rows:RxBxNxKxWxS` runs projections of up to R rows (more than one) of weights up to B bytes through the few-row
+kernel with those tiles (`triton_gemv.ROWS_LINEAR`), `rows:cublas` every projection of more rows through F.linear.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def apply(settings: str) -> None:
             triton_moe.ONE_TOKEN = None
         elif part == "cublas":
             triton_gemv.ONE_ROW_LINEAR = None
+        elif part == "rows:cublas":
+            triton_gemv.ROWS_LINEAR = None
+        elif part.startswith("rows:"):
+            triton_gemv.ROWS_LINEAR = triton_gemv.RowsLinear(
+                *(int(n) for n in part.removeprefix("rows:").split("x"))
+            )
         elif part.startswith("linear"):
             triton_gemv.ONE_ROW_LINEAR = triton_gemv.GemvTiles(
                 *(int(n) for n in part.removeprefix("linear").split("x"))

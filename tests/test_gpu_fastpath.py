@@ -374,6 +374,24 @@ def test_one_row_linear_equals_f_linear(out_features, in_features, dtype, bias):
     close(linear_one_row(x, weight, b, ONE_ROW_LINEAR), torch.nn.functional.linear(x, weight, b))
 
 
+@pytest.mark.parametrize("rows", [2, 16, 17, 65, 128])
+@pytest.mark.parametrize("out_features,in_features", [(1536, 256), (2048, 256), (256, 768), (600, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_rows_linear_equals_f_linear(rows, out_features, in_features, dtype):
+    """The zoo's projections (q|k|v and gate|up of 256-wide rows, the LM head, down) and widths no multiple of the
+    tiles, at a DFlash block's and DDTree verifies' row counts, launched as every engine kernel is; float32
+    multiplied in full float32 (the tolerance of `close` would not hold TF32's 10-bit mantissas)."""
+    from specdeploy.engine.triton_gemv import ROWS_LINEAR, linear_rows
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(rows * in_features)
+    with torch.device("cuda"):
+        weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+        b = torch.randn(out_features, generator=gen).to(dtype) if rows % 2 else None
+        x = torch.randn(1, rows, in_features, generator=gen).to(dtype)
+    close(linear_rows(x, weight, b, ROWS_LINEAR), torch.nn.functional.linear(x, weight, b))
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_mla_moe_kernels_give_the_torch_paths_logits(pairs, family):
     """The whole DeepSeek-V3 forward (routing, fused MoE, MLA query/entry, latent attention) in fp32 with the

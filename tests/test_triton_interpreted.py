@@ -182,6 +182,20 @@ CHECKS = textwrap.dedent(
             close(linear_one_row(x, layer.weight, layer.bias, tiles), layer(x))
             close(ops.linear(x, layer), layer(x))
 
+    # a few rows' projection (`linear_rows`): one 16-row tile and a larger one, with and without a bias, widths no
+    # multiple of the tiles, one reduction tile and several, rows not next to each other (a view of wider rows)
+    from specdeploy.engine.triton_gemv import ROWS_LINEAR, RowsLinear, linear_rows, takes_rows
+
+    rows_cases = ((3, 64, 40, False, ROWS_LINEAR), (17, 100, 37, True, RowsLinear(128, 1 << 20, 32, 32, 4, 2)),
+                  (65, 96, 8, False, RowsLinear(128, 1 << 20, 16, 16, 2, 1)))
+    for rows, in_features, out_features, bias, tiles in rows_cases:
+        layer = torch.nn.Linear(in_features, out_features, bias=bias)
+        x = torch.randn(1, rows, in_features + 5)[..., :in_features]
+        with torch.no_grad():
+            close(linear_rows(x, layer.weight, layer.bias, tiles), layer(x))
+            assert takes_rows(rows, layer.weight, ROWS_LINEAR)
+            close(ops.linear(x, layer), layer(x))
+
 
     # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and
     # cache entry: DeepSeek's interleaved rope pairs and not, nope widths padded for the product and not, more

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from specdeploy.engine import ops
 from specdeploy.engine.cache import EntryShape, StaticCache
@@ -58,7 +57,7 @@ class DraftAttention(nn.Module):
         b, tokens, _ = projected.shape
         query_size = self.heads * self.head_dim
         bias = self.qkv_proj.bias[query_size:] if self.qkv_proj.bias is not None else None
-        kv = F.linear(projected, self.qkv_proj.weight[query_size:], bias)
+        kv = ops.project(projected, self.qkv_proj.weight[query_size:], bias)
         k, v = kv.view(b, tokens, 2 * self.kv_heads, self.head_dim).split(self.kv_heads, dim=2)
         k_cache, v_cache = cache.flat_entry(self.layer_idx)
         ops.qk_norm_rope_store(
@@ -67,9 +66,9 @@ class DraftAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
         b, tokens, _ = x.shape
-        qkv = self.qkv_proj(x).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = ops.linear(x, self.qkv_proj).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
-        return self.o_proj(qk_norm_attention(self, q, k, v, batch, cache))
+        return ops.linear(qk_norm_attention(self, q, k, v, batch, cache), self.o_proj)
 
 
 class TargetConfigLike(Protocol):
@@ -149,7 +148,7 @@ class DFlashDrafter(nn.Module):
     ) -> None:
         """Project target features `context` [B, C, K*H] of `positions` [B, C] and store every layer's keys and
         values for them at `slots` [B, C] of cache rows row_start.."""
-        projected = self.hidden_norm(self.fc(context))
+        projected = self.hidden_norm(ops.linear(context, self.fc))
         rope = self.rotary(positions, projected.dtype)
         flat = flat_slots(slots, cache.capacity, row_start)
         cache.positions.view(-1).index_copy_(0, flat, positions.reshape(-1))
@@ -181,11 +180,11 @@ class DFlashDrafter(nn.Module):
         return dataclasses.replace(batch, visible=visible, _bias={})
 
     def compute_logits(
-        self, hidden: torch.Tensor, lm_head: nn.Module, out: torch.Tensor | None = None
+        self, hidden: torch.Tensor, lm_head: nn.Linear, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Draft logits in float32 through the target's LM head, with the drafter's multiplier and softcap;
         `out`: a float32 buffer to write them into."""
-        logits = lm_head(hidden)
+        logits = ops.linear(hidden, lm_head)
         if self.output_multiplier == 1.0 and self.final_logit_softcapping is None and out is not None:
             return out.copy_(logits)  # the cast in the copy: one launch, not a cast and a copy
         logits = logits.float() * self.output_multiplier

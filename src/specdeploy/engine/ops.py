@@ -78,14 +78,24 @@ def step_kernels_for(x: torch.Tensor):
 
 
 def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    """layer(x), for the targets' projections; one row (batch-1 decode) where Triton runs through the matrix-vector
-    kernel (`triton_gemv.linear_one_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), more through cuBLAS."""
-    if x.numel() == layer.in_features and _use_triton(x):
+    """layer(x), for the projections of targets and drafters (`project`)."""
+    return project(x, layer.weight, layer.bias)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias). Where Triton runs: one row (batch-1 decode) through the matrix-vector kernel
+    (`triton_gemv.linear_one_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), a few rows of a small weight
+    through `triton_gemv.linear_rows` (the rule `triton_gemv.ROWS_LINEAR`); the rest through cuBLAS."""
+    if _use_triton(x):
         from specdeploy.engine import triton_gemv
 
-        if triton_gemv.ONE_ROW_LINEAR is not None:
-            return triton_gemv.linear_one_row(x, layer.weight, layer.bias, triton_gemv.ONE_ROW_LINEAR)
-    return layer(x)
+        rows = x.numel() // weight.shape[1]
+        if rows == 1 and triton_gemv.ONE_ROW_LINEAR is not None:
+            return triton_gemv.linear_one_row(x, weight, bias, triton_gemv.ONE_ROW_LINEAR)
+        rule = triton_gemv.ROWS_LINEAR
+        if triton_gemv.takes_rows(rows, weight, rule):
+            return triton_gemv.linear_rows(x, weight, bias, rule)
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(

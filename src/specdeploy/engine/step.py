@@ -624,7 +624,7 @@ class StepRunner:
         a greedy first token (the argmax of the last prompt token's logits, kept in `prefill_logits`) and no
         pending features; then it moves to row `move_pair[1]` (`_move_stage`)."""
         spare, ints, floats = self.row_index[-1:], self.admit_ints, self.admit_floats
-        logits = self.target.lm_head(self.prefill_last)
+        logits = ops.linear(self.prefill_last, self.target.lm_head)
         self.prefill_logits.copy_(logits)
         settings = [(self.prefix, ints[:1]), (self.prompt_len, ints[:1]), (self.root, logits.argmax(dim=-1))]
         settings += [(self.sampling.top_k, ints[1:2]), (self.sampling.greedy, ints[2:].bool())]
@@ -862,7 +862,7 @@ class StepRunner:
         if self.target.has_recurrent_layers:
             batch.tree_paths, batch.shared = self._recurrent_paths(buffers, tree, rows, size, batch.shared)
         hidden, features = self.target.run(tokens, batch, self.cache, self.feature_layers)
-        logits = self.target.lm_head(hidden)
+        logits = ops.linear(hidden, self.target.lm_head)
         buffers.target_tokens[:rows].copy_(logits.argmax(dim=-1))
         if not greedy:
             buffers.logits[:rows].copy_(logits)

@@ -105,3 +105,91 @@ def linear_one_row(
         num_stages=tiles.stages, **launch_options(),
     )  # fmt: skip
     return out
+
+
+class RowsLinear(NamedTuple):
+    """Which few-row projections `linear_rows` takes, and its tiles: up to `max_rows` rows (each program holds a
+    power-of-two tile of them, at least 16) of weights up to `max_weight_bytes`; output columns and reduction
+    width per program, warps, pipeline stages."""
+
+    max_rows: int
+    max_weight_bytes: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# A verify of a small model (the zoo's: 256 wide) multiplies a few dozen rows by weights under 1 MB: launches,
+# not bytes, bound it, and cuBLAS's kernels each broke the chain of dependent launches. Larger weights keep
+# cuBLAS, which reads them at the copy bandwidth. None: every projection of more than one row through F.linear.
+ROWS_LINEAR: RowsLinear | None = RowsLinear(128, 4 << 20, 64, 64, 4, 2)
+
+
+def takes_rows(rows: int, weight: torch.Tensor, rule: RowsLinear | None) -> bool:
+    """Whether `linear_rows` takes `rows` rows of `weight` under `rule`."""
+    return (
+        rule is not None
+        and 1 < rows <= rule.max_rows
+        and weight.numel() * weight.element_size() <= rule.max_weight_bytes
+    )
+
+
+@triton.jit
+def _linear_rows_kernel(
+    x_ptr,  # [M, K] rows `stride_x` apart, contiguous within a row
+    w_ptr,  # [N, K] contiguous
+    bias_ptr,  # [N] (read when HAS_BIAS)
+    out_ptr,  # [M, N] contiguous
+    rows, out_features, in_features, stride_x,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = m < rows, n < out_features
+    w_cols = w_ptr + n[None, :].to(tl.int64) * in_features  # [1, BLOCK_N]: the weight's rows as columns
+    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x
+    # the first weight tile, loaded before the wait: no kernel writes weights
+    w = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k < in_features)[:, None], other=0.0)
+    dependent_launch()
+    precision: tl.constexpr = "ieee" if IEEE else "tf32"
+    x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < in_features)[None, :], other=0.0)
+    acc = tl.dot(x, w, input_precision=precision, out_dtype=tl.float32)
+    for k0 in range(BLOCK_K, in_features, BLOCK_K):
+        kk = k0 + k
+        k_ok = kk < in_features
+        w = tl.load(w_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=precision, out_dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + m[:, None].to(tl.int64) * out_features + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def linear_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: RowsLinear
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) of x [..., in] (float32 sums, rounded once; float32 inputs multiplied in full
+    float32, not TF32) as one Triton kernel in the chain of dependent launches."""
+    out_features, in_features = weight.shape
+    if x.shape[-1] != in_features or weight.stride() != (in_features, 1):
+        raise ValueError(
+            f"rows of {in_features} values and a contiguous weight expected, got {tuple(x.shape)} "
+            f"and strides {weight.stride()}"
+        )
+    flat = x.reshape(-1, in_features)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    block_m = min(128, max(16, triton.next_power_of_2(rows)))  # tl.dot takes 16 rows and more
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(out_features, tiles.block_n), triton.cdiv(rows, block_m))
+    _linear_rows_kernel[grid](
+        flat, weight, weight if bias is None else bias, out, rows, out_features, in_features, flat.stride(0),
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, num_warps=tiles.warps, num_stages=tiles.stages, **launch_options(),
+    )  # fmt: skip
+    return out
