@@ -58,7 +58,9 @@ def chain(weights: list[torch.Tensor], x: torch.Tensor, tiles: RowsLinear | None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="zoo,mid,mla-moe-16b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument(
+        "--shapes", default="zoo,mid,mla-moe-16b", help=f"comma-separated, of {', '.join(SHAPES)}"
+    )
     parser.add_argument("--rows", default="16,17,65,128", help="comma-separated row counts")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -80,7 +82,12 @@ def main() -> None:
         ]
         per_call = 1e3 / len(weights)  # ms per chain -> us per projection
         nbytes = sum(w.numel() * w.element_size() for w in weights) / len(weights)
-        result["shapes"][name] = {"projections": projections, "layers": layers, "weight_bytes": nbytes, "rows": {}}
+        result["shapes"][name] = {
+            "projections": projections,
+            "layers": layers,
+            "weight_bytes": nbytes,
+            "rows": {},
+        }
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(1, rows, max(k for _, k in projections), device="cuda", dtype=torch.bfloat16)
             want = chain(weights, x, None)()
