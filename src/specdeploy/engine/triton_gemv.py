@@ -121,9 +121,11 @@ class RowsLinear(NamedTuple):
 
 
 # A verify of a small model (the zoo's: 256 wide) multiplies a few dozen rows by weights under 1 MB: launches,
-# not bytes, bound it, and cuBLAS's kernels each broke the chain of dependent launches. Larger weights keep
-# cuBLAS, which reads them at the copy bandwidth. None: every projection of more than one row through F.linear.
-ROWS_LINEAR: RowsLinear | None = RowsLinear(128, 4 << 20, 64, 64, 4, 2)
+# not bytes, bound it, and cuBLAS's kernels each broke the chain of dependent launches. On one H200
+# `benchmarks/rows_linear_sweep.py` timed the zoo's projections at 1.78 / 2.87 / 2.91 us (16 / 65 / 128 rows) at these
+# tiles against cuBLAS's 2.55 / 2.96 / 3.05; at 2-12 MB weights cuBLAS was faster at every row count
+# (`benchmarks/results/gpu-2026-12-06-few-rows/`). None: every projection of more than one row through F.linear.
+ROWS_LINEAR: RowsLinear | None = RowsLinear(128, 1 << 20, 32, 128, 4, 3)
 
 
 def takes_rows(rows: int, weight: torch.Tensor, rule: RowsLinear | None) -> bool:
