@@ -1,4 +1,5 @@
-"""Matrix-vector kernels: one row's dense projection (`linear_one_row`) and the tile the MoE kernels share.
+"""Projection kernels: one row's dense projection (`linear_one_row`), the matrix-vector tile the MoE kernels share,
+and a few rows' projection of a small weight (`linear_rows`).
 
 At batch 1 a decoding step's projections each multiply one row by a weight matrix: reading the weight is all the
 work. cuBLAS's kernels for one row of MLA's projections took about 6 us each on an H200, half the copy bandwidth
