@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cuda_timing import graph_replay_ms  # noqa: E402
+from cuda_timing import graph_replay_ms, layer_weights, sweep_header  # noqa: E402
 
 from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, GemvTiles, linear_one_row  # noqa: E402
-from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 
 # (out_features, in_features) of each layer's one-row projections, and the layers chained (mla-moe-16b's 27;
 # Kimi's fewer, its weights being larger)
@@ -63,21 +62,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    result: dict = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "copy_tb_per_s": bandwidth / 1e12,
-        "default": list(ONE_ROW_LINEAR) if ONE_ROW_LINEAR else None,
-        "shapes": {},
-    }
+    result = sweep_header(ONE_ROW_LINEAR)
+    bandwidth = result["copy_tb_per_s"] * 1e12
     for name in args.shapes.split(","):
         projections, layers = SHAPES[name]
-        weights = [
-            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-            for _ in range(layers)
-            for n, k in projections
-        ]
+        weights = layer_weights(projections, layers)
         x = torch.randn(1, 1, max(k for _, k in projections), device="cuda", dtype=torch.bfloat16)
         per_call = 1e3 / len(weights)  # ms per chain -> us per projection
         nbytes = sum(w.numel() * w.element_size() for w in weights) / len(weights)

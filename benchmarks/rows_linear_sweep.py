@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cuda_timing import graph_replay_ms  # noqa: E402
+from cuda_timing import graph_replay_ms, layer_weights, sweep_header  # noqa: E402
 
 from specdeploy.engine.triton_gemv import ROWS_LINEAR, RowsLinear, linear_rows  # noqa: E402
-from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
 
 # (out_features, in_features) of each layer's projections, and the layers chained
 SHAPES = {
@@ -65,21 +64,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    result: dict = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "copy_tb_per_s": bandwidth / 1e12,
-        "default": list(ROWS_LINEAR) if ROWS_LINEAR else None,
-        "shapes": {},
-    }
+    result = sweep_header(ROWS_LINEAR)
+    bandwidth = result["copy_tb_per_s"] * 1e12
     for name in args.shapes.split(","):
         projections, layers = SHAPES[name]
-        weights = [
-            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-            for _ in range(layers)
-            for n, k in projections
-        ]
+        weights = layer_weights(projections, layers)
         per_call = 1e3 / len(weights)  # ms per chain -> us per projection
         nbytes = sum(w.numel() * w.element_size() for w in weights) / len(weights)
         result["shapes"][name] = {
