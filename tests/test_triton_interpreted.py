@@ -195,6 +195,8 @@ CHECKS = textwrap.dedent(
             close(linear_rows(x, layer.weight, layer.bias, tiles), layer(x))
             assert takes_rows(rows, layer.weight, ROWS_LINEAR)
             close(ops.linear(x, layer), layer(x))
+            strided = layer.weight.t().contiguous().t()  # the same values, columns contiguous: F.linear's
+            close(ops.project(x, strided, layer.bias), layer(x))
 
 
     # MLA's query (the nope part mapped into the latent by kv_b_proj's key half, the rope part rotated) and

@@ -86,7 +86,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     """F.linear(x, weight, bias). Where Triton runs: one row (batch-1 decode) through the matrix-vector kernel
     (`triton_gemv.linear_one_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), a few rows of a small weight
     through `triton_gemv.linear_rows` (the rule `triton_gemv.ROWS_LINEAR`); the rest through cuBLAS."""
-    if _use_triton(x):
+    if _use_triton(x) and weight.is_contiguous():  # the kernels read the weight's rows as they lie
         from specdeploy.engine import triton_gemv
 
         rows = x.numel() // weight.shape[1]
