@@ -113,6 +113,28 @@ def test_random_weights_of_the_tiny_qwen36_load_back(tmp_path) -> None:
     assert [type(layer.mixer) for layer in load_target(target_dir).layers] == published_pattern()
 
 
+def bf16_gigabytes(shape_name: str) -> float:
+    """The shape's target and drafter weights in bf16 (GB), counted on the meta device."""
+    from specdeploy.engine.drafter import DFlashDrafter
+
+    shape = SHAPES[shape_name]
+    with torch.device("meta"):
+        drafter = DFlashDrafter(shape.drafter)
+    models = (build_on_meta(shape.target), drafter)
+    return sum(2 * t.numel() for m in models for t in [*m.parameters(), *m.buffers()]) / 1e9
+
+
+def test_kimi_shapes_are_as_large_as_their_card_holds() -> None:
+    # one H200: 141 GB (143,771 MiB as nvidia-smi reports it); one H100: 80 GB (81,559 MiB), of which the CUDA
+    # context, caches and a step's activations need some; Kimi's MoE layer of 384 experts is 33.8 GB
+    moe_layer = 384 * 3 * 7168 * 2048 * 2 / 1e9
+    h200, h100 = 143771 * 2**20 / 1e9, 81559 * 2**20 / 1e9
+    assert bf16_gigabytes("kimi-like") < h200 - 20 < bf16_gigabytes("kimi-like") + moe_layer
+    assert bf16_gigabytes("kimi-like-h100") < h100 - 20 < bf16_gigabytes("kimi-like-h100") + moe_layer
+    layers = build_on_meta(SHAPES["kimi-like-h100"].target).layers
+    assert [type(layer.mlp).__name__ for layer in layers] == ["SwiGLU", "DeepseekV3MoE"]
+
+
 @pytest.mark.parametrize("command", [["profile", "--help"], ["random-weights", "--help"]])
 def test_help_lists_every_shape(command: list[str]) -> None:
     shown = " ".join(CliRunner().invoke(app, command, terminal_width=200).output.split())

@@ -10,6 +10,9 @@ import typer
 
 from specdeploy.errors import SpecdeployError
 from specdeploy.modes import ENGINE_MODE_HELP
+from specdeploy.perf.shapes import SHAPES
+
+SHAPE_NAMES = ", ".join(SHAPES)
 
 
 def profile(
@@ -23,10 +26,7 @@ def profile(
     budget: Annotated[int | None, typer.Option(help="DDTree draft nodes per step (ddtree only).")] = None,
     random_shape: Annotated[
         str | None,
-        typer.Option(
-            help="Random weights of a named real shape instead of a checkpoint: qwen3-8b, mla-moe-16b, kimi-like, "
-            "qwen3.6-27b."
-        ),
+        typer.Option(help=f"Random weights of a named real shape instead of a checkpoint: {SHAPE_NAMES}."),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16.")] = "auto",
@@ -95,9 +95,7 @@ def profile(
 
 def random_weights(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write target/ and draft/ into.")],
-    shape: Annotated[
-        str, typer.Option(help="Named real shape: qwen3-8b, mla-moe-16b, kimi-like, qwen3.6-27b.")
-    ] = "qwen3-8b",
+    shape: Annotated[str, typer.Option(help=f"Named real shape: {SHAPE_NAMES}.")] = "qwen3-8b",
     device: Annotated[str, typer.Option(help="Where the weights are drawn: cpu or cuda (faster).")] = "cpu",
     seed: Annotated[int, typer.Option(help="Same seed, same weights.")] = 0,
 ) -> None:

@@ -134,6 +134,11 @@ KIMI_LIKE = {
 }
 
 
+# The same dimensions cut to what one 80 GB H100 holds: Kimi's dense first layer and one MoE layer, about 40 GB of
+# bf16 target with the embedding and LM head; a second MoE layer (another 33.8 GB) would not fit beside the drafter.
+KIMI_LIKE_H100 = {**KIMI_LIKE, "num_hidden_layers": 2}
+
+
 # Qwen3.6-27B's text model, whole (64 layers): 27B parameters are 54 GB in bf16, which one 141 GB H200 holds
 # with the drafter and caches. Dimensions from the Qwen/Qwen3.6-27B model card ("Hidden Layout: 16 x (3 x (Gated
 # DeltaNet -> FFN) -> 1 x (Gated Attention -> FFN))"; Gated DeltaNet 48 V heads and 16 QK heads of dim 128;
@@ -215,6 +220,13 @@ SHAPES = {
             "one H200 in bf16",
             KIMI_LIKE,
             _drafter(KIMI_LIKE, layers=6, heads=64, kv_heads=8, inter=18432, block=8),
+        ),
+        Shape(
+            "kimi-like-h100",
+            "Kimi K2.6's dimensions in 2 layers (1 dense + 1 MoE of 384 experts), Kimi-K2.6-DFlash-shaped drafter",
+            "as kimi-like, with layers cut to fit one 80 GB H100 in bf16",
+            KIMI_LIKE_H100,
+            _drafter(KIMI_LIKE_H100, layers=6, heads=64, kv_heads=8, inter=18432, block=8),
         ),
         Shape(
             "qwen3.6-27b",
