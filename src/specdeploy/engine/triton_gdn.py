@@ -28,39 +28,43 @@ TREE_WARPS = 1
 
 
 @triton.jit
-def _delta(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
-           mask_k, offs_v, mask_v, eps):  # fmt: skip
-    """The token at index `node`'s step of `gated_delta_rule.delta_step`, its key L2-normalised: (h decayed, the
-    decay, the key's normalising factor, the normalised key, the corrected write); the new state is decayed +
-    key x write."""
+def _inputs(node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
+            mask_k, offs_v, mask_v, eps):  # fmt: skip
+    """The token at index `node`'s inputs to `gated_delta_rule.delta_step`: (its key L2-normalised, its value
+    columns, its decay factor, beta). Independent of the state: a walk loads the next token's while it computes."""
     k = tl.load(key_ptr + node * sk_t + key_head * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    k_scale = tl.rsqrt(tl.sum(k * k, axis=0) + eps)
-    k = k * k_scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
     v = tl.load(value_ptr + node * sv_t + head * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
     decay = tl.exp(tl.load(decay_ptr + node * sd_t + head))
     beta = tl.load(beta_ptr + node * sd_t + head)
-    decayed = h * decay
-    recalled = tl.sum(decayed * k[:, None], axis=0)
-    return decayed, decay, k_scale, k, (v - recalled) * beta
+    return k, v, decay, beta
 
 
 @triton.jit
-def _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
-          mask_k, offs_v, mask_v, eps):  # fmt: skip
-    """h advanced by the token at index `node` (`_delta`)."""
-    decayed, _, _, k, write = _delta(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h,
-                                     sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
-    return decayed + k[:, None] * write[None, :]
+def _update(h, k, v, decay, beta):
+    """h advanced by one token (`_inputs`): decayed, then the corrected write along the key."""
+    decayed = h * decay
+    recalled = tl.sum(decayed * k[:, None], axis=0)
+    return decayed + k[:, None] * ((v - recalled) * beta)[None, :]
 
 
 @triton.jit
 def _walk(h, path_ptr, length, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h,
           sd_t, offs_k, mask_k, offs_v, mask_v, eps):  # fmt: skip
-    """h advanced along the first `length` token indices at path_ptr."""
+    """h advanced along the first `length` token indices at path_ptr. Software-pipelined: each step's loads are
+    issued before the step before it computes, and each index two steps ahead (a walk is a chain of dependent
+    loads otherwise: index, then key; on one GPU warp each, the load latency dominated the walk)."""
+    node = tl.load(path_ptr, mask=length > 0, other=0)
+    k, v, decay, beta = _inputs(node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t,
+                                sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
+    following = tl.load(path_ptr + 1, mask=length > 1, other=0)
     for d in range(0, length):
-        node = tl.load(path_ptr + d)
-        h = _step(h, node, key_ptr, value_ptr, decay_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t,
-                  offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
+        after = tl.load(path_ptr + d + 2, mask=d + 2 < length, other=0)
+        k_next, v_next, decay_next, beta_next = _inputs(following, key_ptr, value_ptr, decay_ptr, beta_ptr,
+                                                        key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k,
+                                                        mask_k, offs_v, mask_v, eps)  # fmt: skip
+        h = _update(h, k, v, decay, beta)
+        k, v, decay, beta, following = k_next, v_next, decay_next, beta_next, after
     return h
 
 
@@ -137,9 +141,15 @@ def _chain_rule_kernel(
     mask = mask_k[:, None] & mask_v[None, :]
     h = tl.load(pointers, mask=mask, other=0.0)
     k_ptr, v_ptr, g_ptr, beta_ptr = k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b
+    k, v, decay, beta = _inputs(0, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t,
+                                offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
     for t in range(0, tokens):
-        h = _step(h, t, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k,
-                  offs_v, mask_v, eps)  # fmt: skip
+        # the next token's inputs load while this one computes (the last step loads its own again, unused)
+        k_next, v_next, decay_next, beta_next = _inputs(tl.minimum(t + 1, tokens - 1), k_ptr, v_ptr, g_ptr, beta_ptr,
+                                                        key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k,
+                                                        offs_v, mask_v, eps)  # fmt: skip
+        h = _update(h, k, v, decay, beta)
+        k, v, decay, beta = k_next, v_next, decay_next, beta_next
         out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
         tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
     tl.store(pointers, h, mask=mask)
