@@ -73,6 +73,27 @@ def _gemv_tile_waiting(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def _two_gemv_tiles_waiting(
+    w, up_ptr, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """`_gemv_tile_waiting` of two weights at once (gate `w` and `up_ptr`, the same sums): the first tile of each
+    is loaded, then the kernel waits, then reads the vector."""
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < row_width
+    gate_rows = w + col[:, None].to(tl.int64) * row_width
+    up_rows = up_ptr + col[:, None].to(tl.int64) * row_width
+    gate = tl.load(gate_rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    up = tl.load(up_rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    gate_acc = gate.to(tl.float32) * v[None, :]
+    up_acc = up.to(tl.float32) * v[None, :]
+    gate_acc = _add_gemv_tiles(gate_acc, gate_rows, row_width, col_ok, vector_ptr, BLOCK_K, BLOCK_K)
+    up_acc = _add_gemv_tiles(up_acc, up_rows, row_width, col_ok, vector_ptr, BLOCK_K, BLOCK_K)
+    return tl.sum(gate_acc, axis=1), tl.sum(up_acc, axis=1)
+
+
+@triton.jit
 def _linear_row_kernel(
     x_ptr,  # [K] the row
     w_ptr,  # [N, K] contiguous
