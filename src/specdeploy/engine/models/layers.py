@@ -135,7 +135,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
+        return ops.silu_mul_linear(ops.linear(x, self.gate_up_proj), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
