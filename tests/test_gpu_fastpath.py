@@ -398,6 +398,22 @@ def test_norm_linear_row_equals_the_norm_then_the_projection(out_features, in_fe
     close(got, linear_one_row(normed, weight, None, ONE_ROW_LINEAR))
 
 
+@pytest.mark.parametrize(("out_features", "inter"), [(4096, 12288), (5120, 17408), (256, 768)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_down_row_equals_its_two_kernels(out_features, inter, dtype):
+    """One row's SwiGLU down projection in one kernel gives exactly what `silu_mul` then the one-row projection
+    give (Qwen3-8B's, Qwen3.6-27B's and the zoo's widths): the same roundings, the same sums in the same order."""
+    from specdeploy.engine import ops
+    from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, linear_one_row, swiglu_down_row
+
+    gen = torch.Generator(device="cuda").manual_seed(inter)
+    with torch.device("cuda"):
+        weight = (torch.randn(out_features, inter, generator=gen) / inter**0.5).to(dtype)
+        gate_up = torch.randn(1, 1, 2 * inter, generator=gen).to(dtype)
+    want = linear_one_row(ops.silu_mul(gate_up), weight, None, ONE_ROW_LINEAR)
+    assert torch.equal(swiglu_down_row(gate_up, weight, None, ONE_ROW_LINEAR), want)
+
+
 @pytest.mark.parametrize("rows", [2, 16, 17, 65, 128])
 @pytest.mark.parametrize("out_features,in_features", [(1536, 256), (2048, 256), (256, 768), (600, 1000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -229,6 +229,21 @@ CHECKS = textwrap.dedent(
         for got, want in zip(block(x, residual, None, None), plain(x, residual, None, None), strict=True):
             close(got, want)
 
+    # SwiGLU's down projection of one row in one kernel (`swiglu_down_row`): its activations made tile by tile,
+    # with and without a bias, a width no multiple of the tiles; and the route SwiGLU takes
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.triton_gemv import swiglu_down_row
+
+    for inter, out_features, bias, tiles in ((64, 40, False, ONE_ROW_LINEAR), (100, 37, True, GemvTiles(4, 32, 4, 2))):
+        down = torch.nn.Linear(inter, out_features, bias=bias)
+        gate_up = torch.randn(1, 1, 2 * inter)
+        with torch.no_grad():
+            close(swiglu_down_row(gate_up, down.weight, down.bias, tiles), down(ops.torch_silu_mul(gate_up)))
+    mlp = SwiGLU(48, 72)
+    x = torch.randn(1, 1, 48)
+    with torch.no_grad():
+        close(mlp(x), mlp.down_proj(ops.torch_silu_mul(mlp.gate_up_proj(x))))
+
     # a few rows' projection (`linear_rows`): one 16-row tile and a larger one, with and without a bias, widths no
     # multiple of the tiles, one reduction tile and several, rows not next to each other (a view of wider rows)
     from specdeploy.engine.triton_gemv import ROWS_LINEAR, RowsLinear, linear_rows, takes_rows

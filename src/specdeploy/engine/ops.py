@@ -118,6 +118,18 @@ def norm_linear(
     )
 
 
+def silu_mul_linear(gate_up: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """linear(silu_mul(gate_up), layer): SwiGLU's down projection of its activations. One row where Triton runs is
+    one kernel (`triton_gemv.swiglu_down_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), which makes the
+    activations as it reads the weights; more rows launch the two."""
+    if gate_up.numel() == 2 * layer.in_features and _use_triton(gate_up):
+        from specdeploy.engine import triton_gemv
+
+        if triton_gemv.ONE_ROW_LINEAR is not None:
+            return triton_gemv.swiglu_down_row(gate_up, layer.weight, layer.bias, triton_gemv.ONE_ROW_LINEAR)
+    return linear(silu_mul(gate_up), layer)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -205,6 +205,67 @@ def norm_linear_row(
     return out, total
 
 
+@triton.jit
+def _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype: tl.constexpr):
+    """SwiGLU's activations silu(gate[k]) * up[k] at columns kk of one row [gate | up], rounded as `ops.silu_mul`
+    stores them (float32 values of the model dtype)."""
+    gate = tl.load(gate_up_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + inter + kk, mask=k_ok, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # F.silu rounds before the product
+    return (silu * up).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_down_row_kernel(
+    gate_up_ptr,  # [2 * K] one row's gate | up
+    w_ptr,  # [N, K] contiguous: the down projection
+    bias_ptr,  # [N] (read when HAS_BIAS)
+    out_ptr,  # [N]
+    out_features, inter,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`_linear_row_kernel` of SwiGLU's activations, made from gate | up tile by tile as the weights are read: the
+    same sums in the same order as `ops.silu_mul` followed by `linear_one_row`, in one launch."""
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < out_features
+    rows = w_ptr + col[:, None].to(tl.int64) * inter
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < inter
+    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    dtype = out_ptr.dtype.element_ty
+    acc = m.to(tl.float32) * _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype)[None, :]
+    for k0 in range(BLOCK_K, inter, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < inter
+        v = _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype)
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += m.to(tl.float32) * v[None, :]
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + col, out.to(dtype), mask=col_ok)
+
+
+def swiglu_down_row(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
+) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight, bias) of one row gate_up [..., 2 * in] in one kernel."""
+    out_features, inter = weight.shape
+    if gate_up.numel() != 2 * inter or weight.stride() != (inter, 1):
+        raise ValueError(
+            f"one row of {2 * inter} values and a contiguous weight expected, got {tuple(gate_up.shape)} "
+            f"and strides {weight.stride()}"
+        )
+    out = torch.empty(*gate_up.shape[:-1], out_features, dtype=gate_up.dtype, device=gate_up.device)
+    _swiglu_down_row_kernel[(triton.cdiv(out_features, tiles.block_n),)](
+        gate_up.contiguous(), weight, weight if bias is None else bias, out, out_features, inter,
+        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps,
+        num_stages=tiles.stages, **launch_options(),
+    )  # fmt: skip
+    return out
+
+
 def linear_one_row(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
 ) -> torch.Tensor:

@@ -139,7 +139,7 @@ class SwiGLU(nn.Module):
         return self.gate_up_proj
 
     def after_first_projection(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.silu_mul(gate_up), self.down_proj)
+        return ops.silu_mul_linear(gate_up, self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.after_first_projection(ops.linear(x, self.gate_up_proj))
