@@ -374,6 +374,46 @@ def test_one_row_linear_equals_f_linear(out_features, in_features, dtype, bias):
     close(linear_one_row(x, weight, b, ONE_ROW_LINEAR), torch.nn.functional.linear(x, weight, b))
 
 
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(3648, 2048), (12288, 4096), (2112, 7168), (1536, 256)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_norm_linear_row_equals_the_norm_then_the_projection(out_features, in_features, dtype, zero_centered):
+    """One row's projection of RMSNorm(x + residual) in one kernel against `ops.rms_norm` then the one-row
+    projection (mla-moe-16b's, Qwen3-8B's, Kimi's and the zoo's first projections): the sum exactly, the output up
+    to the order of the squares' float32 sum (one rounding step in bf16)."""
+    from specdeploy.engine import ops
+    from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, linear_one_row, norm_linear_row
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(in_features)
+    with torch.device("cuda"):
+        weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+        norm = (torch.randn(in_features, generator=gen) * 0.1 + (0.0 if zero_centered else 1.0)).to(dtype)
+        x, residual = (torch.randn(1, 1, in_features, generator=gen).to(dtype) for _ in range(2))
+    normed, total = ops.rms_norm(x, norm, 1e-6, residual, zero_centered)
+    got, got_total = norm_linear_row(x, residual, norm, 1e-6, zero_centered, weight, None, ONE_ROW_LINEAR)
+    assert torch.equal(got_total, total)
+    close(got, linear_one_row(normed, weight, None, ONE_ROW_LINEAR))
+
+
+@pytest.mark.parametrize(("out_features", "inter"), [(4096, 12288), (5120, 17408), (256, 768)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_down_row_equals_its_two_kernels(out_features, inter, dtype):
+    """One row's SwiGLU down projection in one kernel gives exactly what `silu_mul` then the one-row projection
+    give (Qwen3-8B's, Qwen3.6-27B's and the zoo's widths): the same roundings, the same sums in the same order."""
+    from specdeploy.engine import ops
+    from specdeploy.engine.triton_gemv import ONE_ROW_LINEAR, linear_one_row, swiglu_down_row
+
+    gen = torch.Generator(device="cuda").manual_seed(inter)
+    with torch.device("cuda"):
+        weight = (torch.randn(out_features, inter, generator=gen) / inter**0.5).to(dtype)
+        gate_up = torch.randn(1, 1, 2 * inter, generator=gen).to(dtype)
+    want = linear_one_row(ops.silu_mul(gate_up), weight, None, ONE_ROW_LINEAR)
+    assert torch.equal(swiglu_down_row(gate_up, weight, None, ONE_ROW_LINEAR), want)
+
+
 @pytest.mark.parametrize("rows", [2, 16, 17, 65, 128])
 @pytest.mark.parametrize("out_features,in_features", [(1536, 256), (2048, 256), (256, 768), (600, 1000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

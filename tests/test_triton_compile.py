@@ -134,7 +134,8 @@ def test_every_kernel_the_cuda_path_launches_compiles_for_sm_90(tmp_path: Path) 
     expected = {"_walk_kernel", "_move_kernel", "_commit_rows_kernel", "_keep_features_kernel", "_rms_norm_kernel",
                 "_best_first_tree_kernel", "_tree_rule_kernel", "_gate_up_kernel",
                 "_mla_query_entry_kernel", "_combine_up_kernel", "_gate_up_gemv_kernel", "_down_gemv_kernel",
-                "_route_kernel", "_linear_row_kernel", "_linear_rows_kernel"}  # fmt: skip
+                "_route_kernel", "_linear_row_kernel", "_linear_rows_kernel",
+                "_norm_linear_row_kernel", "_swiglu_down_row_kernel"}  # fmt: skip
     assert expected <= names, expected - names
     compiled = subprocess.run(
         [sys.executable, "-c", COMPILE], cwd=ROOT, input=json.dumps(launches), capture_output=True, text=True,

@@ -182,6 +182,68 @@ CHECKS = textwrap.dedent(
             close(linear_one_row(x, layer.weight, layer.bias, tiles), layer(x))
             close(ops.linear(x, layer), layer(x))
 
+    # one row's projection of RMSNorm(x + residual), the norm made in the projection's kernel (`norm_linear_row`):
+    # the standard and the zero-centred norm, a bias, one reduction tile and several, widths no multiple of the
+    # tiles; and a decoder layer whose mixer and MLP take it, against the same layer without it
+    from specdeploy.engine.models.layers import DecoderLayer, RMSNorm, SwiGLU, ZeroCenteredRMSNorm
+    from specdeploy.engine.triton_gemv import norm_linear_row
+
+    for norm_type, in_features, out_features, bias, tiles in (
+        (RMSNorm, 64, 40, False, ONE_ROW_LINEAR), (ZeroCenteredRMSNorm, 100, 37, True, GemvTiles(4, 32, 4, 2)),
+    ):
+        norm, layer = norm_type(in_features, 1e-6), torch.nn.Linear(in_features, out_features, bias=bias)
+        norm.weight.data.normal_(1.0 if norm_type is RMSNorm else 0.0, 0.1)
+        x, residual = torch.randn(1, 1, in_features), torch.randn(1, 1, in_features)
+        with torch.no_grad():
+            want_normed, want_sum = ops.torch_rms_norm(x, norm.weight, 1e-6, residual, norm.zero_centered)
+            got, total = norm_linear_row(x, residual, norm.weight, 1e-6, norm.zero_centered, layer.weight,
+                                         layer.bias, tiles)  # fmt: skip
+            close(got, layer(want_normed))
+            close(total, want_sum)
+
+    class Projects(torch.nn.Module):  # a mixer whose first step is one projection, as attention's
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(48, 48)
+
+        first_projection = property(lambda self: self.proj)
+
+        def after_first_projection(self, projected, batch, cache):
+            return projected.tanh()
+
+        def forward(self, x, batch, cache):
+            return self.after_first_projection(self.proj(x), batch, cache)
+
+    class Plain(Projects):  # the same mixer without the fusion, and an MLP without it
+        first_projection = None
+
+    class PlainSwiGLU(SwiGLU):
+        first_projection = None
+
+    block = DecoderLayer(Projects(), SwiGLU(48, 72), 48, 1e-6)
+    plain = DecoderLayer(Plain(), PlainSwiGLU(48, 72), 48, 1e-6)
+    for mine, theirs in zip(plain.parameters(), block.parameters(), strict=True):
+        mine.data.copy_(theirs)
+    x, residual = torch.randn(1, 1, 48), torch.randn(1, 1, 48)
+    with torch.no_grad():
+        for got, want in zip(block(x, residual, None, None), plain(x, residual, None, None), strict=True):
+            close(got, want)
+
+    # SwiGLU's down projection of one row in one kernel (`swiglu_down_row`): its activations made tile by tile,
+    # with and without a bias, a width no multiple of the tiles; and the route SwiGLU takes
+    from specdeploy.engine.models.layers import SwiGLU
+    from specdeploy.engine.triton_gemv import swiglu_down_row
+
+    for inter, out_features, bias, tiles in ((64, 40, False, ONE_ROW_LINEAR), (100, 37, True, GemvTiles(4, 32, 4, 2))):
+        down = torch.nn.Linear(inter, out_features, bias=bias)
+        gate_up = torch.randn(1, 1, 2 * inter)
+        with torch.no_grad():
+            close(swiglu_down_row(gate_up, down.weight, down.bias, tiles), down(ops.torch_silu_mul(gate_up)))
+    mlp = SwiGLU(48, 72)
+    x = torch.randn(1, 1, 48)
+    with torch.no_grad():
+        close(mlp(x), mlp.down_proj(ops.torch_silu_mul(mlp.gate_up_proj(x))))
+
     # a few rows' projection (`linear_rows`): one 16-row tile and a larger one, with and without a bias, widths no
     # multiple of the tiles, one reduction tile and several, rows not next to each other (a view of wider rows)
     from specdeploy.engine.triton_gemv import ROWS_LINEAR, RowsLinear, linear_rows, takes_rows

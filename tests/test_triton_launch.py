@@ -23,10 +23,10 @@ ENGINE = Path(__file__).resolve().parents[1] / "src" / "specdeploy" / "engine"
 
 
 # Weight parameters: loaded before the wait, their load overlaps the kernel before (the one-row projection's and the
-# router's rows through `_gemv_tile_waiting`, MLA's kv_b_proj halves)
-WEIGHTS = {"w", "w_ptr", "router_ptr", "up_ptr"}
-# helpers that wait, once they have loaded from their first argument (which must then be a weight)
-WAITING_HELPERS = {"_gemv_tile_waiting"}
+# router's rows through `_gemv_tile_waiting`, MLA's kv_b_proj halves, one token's shared expert)
+WEIGHTS = {"w", "w_ptr", "router_ptr", "up_ptr", "shared13_ptr", "shared2_ptr"}
+# helpers that wait once they have loaded from their first arguments (as many as given here, which must then be weights)
+WAITING_HELPERS = {"_gemv_tile_waiting": 1, "_two_gemv_tiles_waiting": 2}
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:
@@ -53,7 +53,9 @@ def _scan(statements: list[ast.stmt], weights: set[str]) -> str:
         for call in _calls(statement):
             name = ast.unparse(call.func)
             if name in WAITING_HELPERS:
-                return "waited" if call.args and _names(call.args[0]) & weights else "unsafe"
+                loaded = call.args[: WAITING_HELPERS[name]]
+                weighty = len(loaded) == WAITING_HELPERS[name] and all(_names(a) & weights for a in loaded)
+                return "waited" if weighty else "unsafe"
             if name.startswith(("tl.store", "tl.atomic")):
                 return "unsafe"
             if name == "tl.load":
@@ -103,7 +105,7 @@ def test_every_kernel_launch_waits_for_the_kernel_before_it_under_pdl() -> None:
             seen += 1
     assert seen >= 25  # the engine's kernels, not an empty match
     _, helpers = launches_and_kernels(ENGINE / "triton_gemv.py")
-    assert all(helpers[name] for name in WAITING_HELPERS)  # each waits, after loading its weight only
+    assert all(helpers[name] for name in WAITING_HELPERS)  # each waits, after loading its weights only
 
 
 def test_the_wait_checker_rejects_reads_and_stores_before_the_wait() -> None:
@@ -122,6 +124,9 @@ def test_the_wait_checker_rejects_reads_and_stores_before_the_wait() -> None:
     assert waits("if a:\n    dependent_launch()\n    return\ndependent_launch()\nv = tl.load(x_ptr)")
     assert waits("out = _gemv_tile_waiting(w_ptr, k, col, ok, x_ptr, 4, 8)")
     assert not waits("out = _gemv_tile_waiting(x_ptr, k, col, ok, w_ptr, 4, 8)")
+    assert waits("g, u = _two_gemv_tiles_waiting(w_ptr, up_ptr + 8, k, col, ok, x_ptr, 4, 8)")
+    assert not waits("g, u = _two_gemv_tiles_waiting(w_ptr, x_ptr, k, col, ok, up_ptr, 4, 8)")
+    assert not waits("if a:\n    o = _gemv_tile_waiting(w_ptr, k, c, ok, x_ptr, 4, 8)\nv = tl.load(x_ptr)")
 
 
 def test_pdl_is_off_without_a_hopper_gpu_when_asked_off_and_under_the_interpreter() -> None:

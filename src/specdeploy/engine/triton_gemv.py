@@ -73,6 +73,27 @@ def _gemv_tile_waiting(w, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def _two_gemv_tiles_waiting(
+    w, up_ptr, row_width, col, col_ok, vector_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """`_gemv_tile_waiting` of two weights at once (gate `w` and `up_ptr`, the same sums): the first tile of each
+    is loaded, then the kernel waits, then reads the vector."""
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < row_width
+    gate_rows = w + col[:, None].to(tl.int64) * row_width
+    up_rows = up_ptr + col[:, None].to(tl.int64) * row_width
+    gate = tl.load(gate_rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    up = tl.load(up_rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    v = tl.load(vector_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    gate_acc = gate.to(tl.float32) * v[None, :]
+    up_acc = up.to(tl.float32) * v[None, :]
+    gate_acc = _add_gemv_tiles(gate_acc, gate_rows, row_width, col_ok, vector_ptr, BLOCK_K, BLOCK_K)
+    up_acc = _add_gemv_tiles(up_acc, up_rows, row_width, col_ok, vector_ptr, BLOCK_K, BLOCK_K)
+    return tl.sum(gate_acc, axis=1), tl.sum(up_acc, axis=1)
+
+
+@triton.jit
 def _linear_row_kernel(
     x_ptr,  # [K] the row
     w_ptr,  # [N, K] contiguous
@@ -87,6 +108,162 @@ def _linear_row_kernel(
     if HAS_BIAS:
         out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + col, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """A float32 value rounded to the model dtype and back: what a torch op in that dtype stores."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """RMSNorm(x + residual) at columns kk, rounded as `ops.rms_norm` stores it (float32 values of `dtype`)."""
+    x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    r = tl.load(res_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    normed = _round(x + r, dtype) * rstd
+    w = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        return _round(normed * (1.0 + w), dtype)
+    return _round(_round(normed, dtype) * w, dtype)
+
+
+@triton.jit
+def _norm_linear_row_kernel(
+    x_ptr, res_ptr,  # [K] a layer's output and the residual stream before it
+    norm_ptr,  # [K] the norm's weight
+    w_ptr,  # [N, K] contiguous
+    bias_ptr,  # [N] (read when HAS_BIAS)
+    out_ptr,  # [N]
+    sum_ptr,  # [K] out: x + residual, the residual stream after (program 0 writes it)
+    out_features, in_features, eps,
+    HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, ROW: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`_linear_row_kernel` of RMSNorm(x + residual), the norm made as the weights are read: each program sums the
+    row's squares itself, then normalises tile by tile, with `ops.rms_norm`'s roundings."""
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < out_features
+    rows = w_ptr + col[:, None].to(tl.int64) * in_features
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < in_features
+    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    dtype = out_ptr.dtype.element_ty
+    d = tl.arange(0, ROW)
+    d_ok = d < in_features
+    total = _round(
+        tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        + tl.load(res_ptr + d, mask=d_ok, other=0.0).to(tl.float32),
+        dtype,
+    )
+    rstd = tl.rsqrt(tl.sum(total * total, axis=0) / in_features + eps)
+    if tl.program_id(0) == 0:
+        tl.store(sum_ptr + d, total.to(dtype), mask=d_ok)
+    acc = (
+        m.to(tl.float32)
+        * _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)[None, :]
+    )
+    for k0 in range(BLOCK_K, in_features, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < in_features
+        v = _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += m.to(tl.float32) * v[None, :]
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + col, out.to(dtype), mask=col_ok)
+
+
+def norm_linear_row(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    zero_centered: bool,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tiles: GemvTiles,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.linear(RMSNorm(x + residual), weight, bias), x + residual) of one row x [..., in] in one kernel."""
+    out_features, in_features = weight.shape
+    if x.numel() != in_features or residual.numel() != in_features or weight.stride() != (in_features, 1):
+        raise ValueError(
+            f"one row of {in_features} values, its residual and a contiguous weight expected, got "
+            f"{tuple(x.shape)}, {tuple(residual.shape)} and strides {weight.stride()}"
+        )
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(x)
+    _norm_linear_row_kernel[(triton.cdiv(out_features, tiles.block_n),)](
+        x.contiguous(), residual.contiguous(), norm_weight, weight, weight if bias is None else bias, out, total,
+        out_features, in_features, eps,
+        HAS_BIAS=bias is not None, ZERO_CENTERED=zero_centered, ROW=triton.next_power_of_2(in_features),
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps, num_stages=tiles.stages,
+        **launch_options(),
+    )  # fmt: skip
+    return out, total
+
+
+@triton.jit
+def _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype: tl.constexpr):
+    """SwiGLU's activations silu(gate[k]) * up[k] at columns kk of one row [gate | up], rounded as `ops.silu_mul`
+    stores them (float32 values of the model dtype)."""
+    gate = tl.load(gate_up_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + inter + kk, mask=k_ok, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # F.silu rounds before the product
+    return (silu * up).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_down_row_kernel(
+    gate_up_ptr,  # [2 * K] one row's gate | up
+    w_ptr,  # [N, K] contiguous: the down projection
+    bias_ptr,  # [N] (read when HAS_BIAS)
+    out_ptr,  # [N]
+    out_features, inter,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`_linear_row_kernel` of SwiGLU's activations, made from gate | up tile by tile as the weights are read: the
+    same sums in the same order as `ops.silu_mul` followed by `linear_one_row`, in one launch."""
+    col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = col < out_features
+    rows = w_ptr + col[:, None].to(tl.int64) * inter
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < inter
+    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    dtype = out_ptr.dtype.element_ty
+    acc = m.to(tl.float32) * _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype)[None, :]
+    for k0 in range(BLOCK_K, inter, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < inter
+        v = _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype)
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += m.to(tl.float32) * v[None, :]
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + col, out.to(dtype), mask=col_ok)
+
+
+def swiglu_down_row(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
+) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight, bias) of one row gate_up [..., 2 * in] in one kernel."""
+    out_features, inter = weight.shape
+    if gate_up.numel() != 2 * inter or weight.stride() != (inter, 1):
+        raise ValueError(
+            f"one row of {2 * inter} values and a contiguous weight expected, got {tuple(gate_up.shape)} "
+            f"and strides {weight.stride()}"
+        )
+    out = torch.empty(*gate_up.shape[:-1], out_features, dtype=gate_up.dtype, device=gate_up.device)
+    _swiglu_down_row_kernel[(triton.cdiv(out_features, tiles.block_n),)](
+        gate_up.contiguous(), weight, weight if bias is None else bias, out, out_features, inter,
+        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps,
+        num_stages=tiles.stages, **launch_options(),
+    )  # fmt: skip
+    return out
 
 
 def linear_one_row(

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting
+from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting, _two_gemv_tiles_waiting
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
 
 
@@ -194,23 +194,38 @@ def _gate_up_gemv_kernel(
     top_k, hidden, inter, shared_inter, stride_we, stride_out,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch()
-    pair = tl.program_id(0)  # routed pairs, then the shared expert's
-    if pair < top_k:
-        w = w13_ptr + tl.load(indices_ptr + pair) * stride_we
-        width = inter
-    else:
-        w = shared13_ptr
+    # The shared expert's column blocks first, then each routed pair's: the shared expert's weights depend on no
+    # kernel, so its programs, the first to start, load their first tiles while the router's kernel still runs.
+    program = tl.program_id(0)
+    shared_blocks = tl.cdiv(shared_inter, BLOCK_N)
+    if program < shared_blocks:
+        pair = top_k
         width = shared_inter
-    if tl.program_id(1) * BLOCK_N >= width:
-        return
-    col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = col < width
+        col = program * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = col < width
+        gate, up = _two_gemv_tiles_waiting(
+            shared13_ptr,
+            shared13_ptr + width.to(tl.int64) * hidden,
+            hidden,
+            col,
+            col_ok,
+            x_ptr,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    else:
+        dependent_launch()
+        routed_blocks = tl.cdiv(inter, BLOCK_N)
+        pair = (program - shared_blocks) // routed_blocks
+        width = inter
+        col = ((program - shared_blocks) % routed_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = col < width
+        w = w13_ptr + tl.load(indices_ptr + pair) * stride_we
+        gate = _gemv_tile(w, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
+        up = _gemv_tile(w + width.to(tl.int64) * hidden, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
     dtype = out_ptr.dtype.element_ty
-    gate = _round(_gemv_tile(w, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype)
-    up = _round(
-        _gemv_tile(w + width.to(tl.int64) * hidden, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K), dtype
-    )
+    gate = _round(gate, dtype)
+    up = _round(up, dtype)
     silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
     tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
 
@@ -225,18 +240,21 @@ def _down_gemv_kernel(
     top_k, hidden, inter, shared_inter, stride_we, stride_act,
     SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch()
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
+    if SHARED:  # first, its first tile loaded before the wait (no kernel writes it); added last, as ever
+        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
+                                    BLOCK_N, BLOCK_K)  # fmt: skip
+    else:
+        dependent_launch()
     total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
     for pair in range(0, top_k):
         w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
         expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
         total += _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
     if SHARED:  # weight 1
-        total += _round(_gemv_tile(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
-                                   BLOCK_N, BLOCK_K), dtype)  # fmt: skip
+        total += _round(shared, dtype)
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
 
 
@@ -437,7 +455,8 @@ def _one_token_moe(
     widest = max(inter, shared_inter)
     act = torch.empty(top_k + 1, widest, dtype=x.dtype, device=x.device)
     x = x.contiguous()
-    _gate_up_gemv_kernel[(top_k + int(has_shared), triton.cdiv(widest, gate_up.block_n))](
+    blocks = top_k * triton.cdiv(inter, gate_up.block_n) + triton.cdiv(shared_inter, gate_up.block_n)
+    _gate_up_gemv_kernel[(blocks,)](
         x, w13, shared13, indices, act, top_k, hidden, inter, shared_inter, w13.stride(0), act.stride(0),
         BLOCK_N=gate_up.block_n, BLOCK_K=gate_up.block_k, num_warps=gate_up.warps, num_stages=gate_up.stages,
         **launch_options(),

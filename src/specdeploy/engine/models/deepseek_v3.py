@@ -91,15 +91,26 @@ class MultiLatentAttention(nn.Module):
     def cache_entry(self) -> EntryShape:
         return ((1, self.kv_lora_rank + self.rope_dim),)
 
+    @property
+    def first_projection(self) -> nn.Linear:
+        return self.input_proj
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
-        b, tokens, _ = x.shape
-        q, kv = ops.linear(x, self.input_proj).split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
+        return self.after_first_projection(ops.linear(x, self.input_proj), batch, cache)
+
+    def after_first_projection(
+        self, projected: torch.Tensor, batch: ForwardBatch, cache: StaticCache
+    ) -> torch.Tensor:
+        b, tokens, _ = projected.shape
+        q, kv = projected.split([self.query_size, self.kv_lora_rank + self.rope_dim], -1)
         if self.q_lora_rank is not None:
             q = ops.linear(self.q_a_layernorm(q), self.q_b_proj)
         q = q.view(b, tokens, self.heads, -1)
         up = self.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         key_up, value_up = up[:, : self.nope_dim], up[:, self.nope_dim :]
-        if ops.triton_kernels_for(x) is not None and triton_mla_fits(self.kv_lora_rank, self.rope_dim):
+        if ops.triton_kernels_for(projected) is not None and triton_mla_fits(
+            self.kv_lora_rank, self.rope_dim
+        ):
             from specdeploy.engine.triton_mla import mla_query_entry
 
             norm = self.kv_a_layernorm

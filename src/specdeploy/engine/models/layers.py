@@ -134,8 +134,15 @@ class SwiGLU(nn.Module):
         )
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
+    @property
+    def first_projection(self) -> nn.Linear:
+        return self.gate_up_proj
+
+    def after_first_projection(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return ops.silu_mul_linear(gate_up, self.down_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
+        return self.after_first_projection(ops.linear(x, self.gate_up_proj))
 
 
 class DecoderLayer(nn.Module):
@@ -162,8 +169,22 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, cache: StaticCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            x, residual = self.input_layernorm(x), x
+            x, residual = self.mixer(self.input_layernorm(x), batch, cache), x
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x, residual = self.post_attention_layernorm(self.mixer(x, batch, cache), residual)
-        return self.mlp(x), residual
+            x, residual = normed_into(self.input_layernorm, x, residual, self.mixer, batch, cache)
+        return normed_into(self.post_attention_layernorm, x, residual, self.mlp)
+
+
+def normed_into(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor, module: nn.Module, *args
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(module(norm(x + residual), *args), x + residual). A module whose first step is one projection
+    (`first_projection`, then `after_first_projection`) takes the norm inside that projection's kernel where
+    `ops.norm_linear` runs one (one row on a GPU): one launch fewer."""
+    projection = getattr(module, "first_projection", None)
+    fused = None if projection is None else ops.norm_linear(x, residual, norm, projection)
+    if fused is None:
+        x, residual = norm(x, residual)
+        return module(x, *args), residual
+    projected, residual = fused
+    return module.after_first_projection(projected, *args), residual

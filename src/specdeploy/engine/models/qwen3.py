@@ -87,9 +87,18 @@ class Qwen3Attention(nn.Module):
     def cache_entry(self) -> EntryShape:
         return ((self.kv_heads, self.head_dim), (self.kv_heads, self.head_dim))
 
+    @property
+    def first_projection(self) -> nn.Linear:
+        return self.qkv_proj
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
-        b, tokens, _ = x.shape
-        qkv = ops.linear(x, self.qkv_proj).view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
+        return self.after_first_projection(ops.linear(x, self.qkv_proj), batch, cache)
+
+    def after_first_projection(
+        self, qkv: torch.Tensor, batch: ForwardBatch, cache: StaticCache
+    ) -> torch.Tensor:
+        b, tokens, _ = qkv.shape
+        qkv = qkv.view(b, tokens, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
         return ops.linear(qk_norm_attention(self, q, k, v, batch, cache), self.o_proj)
 

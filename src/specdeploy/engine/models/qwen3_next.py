@@ -74,9 +74,11 @@ class GatedAttention(Qwen3Attention):
     query_width = 2
     norm = ZeroCenteredRMSNorm
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: StaticCache) -> torch.Tensor:
-        b, tokens, _ = x.shape
-        query_gate, k, v = ops.linear(x, self.qkv_proj).split(
+    def after_first_projection(
+        self, qkv: torch.Tensor, batch: ForwardBatch, cache: StaticCache
+    ) -> torch.Tensor:
+        b, tokens, _ = qkv.shape
+        query_gate, k, v = qkv.split(
             [2 * self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
         )
         q, gate = query_gate.view(b, tokens, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
