@@ -51,8 +51,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--budgets", default="16,64,128")
+    parser.add_argument("--tiles", help="CxW launch shapes to time, comma-separated (default: all of TILES)")
+    parser.add_argument("--no-torch-ut", action="store_true", help="skip the torch UT form")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    tiles_timed = TILES
+    if args.tiles:
+        tiles_timed = [tuple(int(n) for n in tile.split("x")) for tile in args.tiles.split(",")]
     generator = torch.Generator().manual_seed(0)
     result: dict = {"device": torch.cuda.get_device_name(), "shapes": {}}
     for name, (key_heads, heads, key_dim, value_dim) in SHAPES.items():
@@ -70,7 +75,7 @@ def main() -> None:
             inputs = (q, k, v, decay, beta, paths, state)
             default = triton_gdn.tree_rule(*inputs)
             rows = {}
-            for tiles in TILES:
+            for tiles in tiles_timed:
                 row = f"{tiles[0]}x{tiles[1]}"
                 if tiles[0] > value_dim:
                     continue
@@ -88,17 +93,19 @@ def main() -> None:
                 rows[row] = {"us": ms * 1e3, "max_abs_diff": diff}
                 print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): {row:>8}: {ms * 1e3:7.1f} us  "
                       f"diff {diff:.1e}", flush=True)  # fmt: skip
-            try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
-                out = ut_tree_rule(*inputs)
-                ms = graph_replay_ms(lambda a=inputs: ut_tree_rule(*a))
-                diff = (out - default).abs().max().item()
-                rows["torch-ut"] = {"us": ms * 1e3, "max_abs_diff": diff}
-                print(
-                    f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {diff:.1e}", flush=True
-                )
-            except RuntimeError as error:  # e.g. an op that cannot be captured in a graph
-                rows["torch-ut"] = {"error": str(error)[:300]}
-                print(f"{name} budget {budget}: torch UT form failed: {error}", flush=True)
+            if not args.no_torch_ut:
+                try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
+                    out = ut_tree_rule(*inputs)
+                    ms = graph_replay_ms(lambda a=inputs: ut_tree_rule(*a))
+                    diff = (out - default).abs().max().item()
+                    rows["torch-ut"] = {"us": ms * 1e3, "max_abs_diff": diff}
+                    print(
+                        f"{name} budget {budget}: torch UT form {ms * 1e3:7.1f} us  diff {diff:.1e}",
+                        flush=True,
+                    )
+                except RuntimeError as error:  # e.g. an op that cannot be captured in a graph
+                    rows["torch-ut"] = {"error": str(error)[:300]}
+                    print(f"{name} budget {budget}: torch UT form failed: {error}", flush=True)
             result["shapes"][name][budget] = {"tokens": tokens, "state_updates": walked, "tiles": rows}
             args.out.write_text(json.dumps(result, indent=1))
 
