@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/machi
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$R/machine.txt"
 cat "$R/machine.txt"
 mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp -r ab_before/. /tmp/before/
-timeout 110 python3 -m pytest -q -m gpu tests/test_decode_gpu.py tests/test_batch_gpu.py tests/test_gpu_fastpath.py \
+timeout 130 python3 -m pytest -q -m gpu tests/test_decode_gpu.py tests/test_batch_gpu.py tests/test_gpu_fastpath.py \
   -k "fp32 or bf16 or hybrid_rows or norm_linear_row or swiglu_down_row or moe" > "$R/gpu_tests.log" 2>&1
 tail -3 "$R/gpu_tests.log"; pack
 side() {  # $1 tree, $2 label, $3 shape, $4 modes, $5 time limit
@@ -20,8 +20,8 @@ side() {  # $1 tree, $2 label, $3 shape, $4 modes, $5 time limit
     --shape "$3" --modes "$4" --commit "$2" --out "$R/engine_$3_$2.json" > "$R/engine_$3_$2.log" 2>&1)
   echo "$3 $2:"; grep -E "^engine |^(ar|dflash|ddtree)" "$R/engine_$3_$2.log" || tail -2 "$R/engine_$3_$2.log"; pack
 }
-side . "$COMMIT" qwen3.6-27b ar,ddtree-64 85
-side /tmp/before "$BEFORE" qwen3.6-27b ar,ddtree-64 85
+side . "$COMMIT" qwen3.6-27b ar,ddtree-64 80
+side /tmp/before "$BEFORE" qwen3.6-27b ar,ddtree-64 80
 side . "$COMMIT" mla-moe-16b ar 75
 side /tmp/before "$BEFORE" mla-moe-16b ar 75
 tiles() {  # $1 tree, $2 label, $3 launch shapes
