@@ -135,6 +135,29 @@ def test_kimi_shapes_are_as_large_as_their_card_holds() -> None:
     assert [type(layer.mlp).__name__ for layer in layers] == ["SwiGLU", "DeepseekV3MoE"]
 
 
+def fused_weights(shape_name: str) -> dict[str, bool]:
+    """Each one-row fusion's weight in a shape's bf16 target (meta device) -> whether the fusions take it."""
+    from specdeploy.engine.triton_gemv import fuses_row
+
+    taken = {}
+    for name, module in build_on_meta(SHAPES[shape_name].target).named_modules():
+        first = getattr(module, "first_projection", None)
+        if isinstance(first, torch.nn.Linear):
+            taken[f"{name}.first"] = fuses_row(first.weight.to(torch.bfloat16))
+        if hasattr(module, "after_first_projection") and hasattr(module, "down_proj"):
+            taken[f"{name}.down"] = fuses_row(module.down_proj.weight.to(torch.bfloat16))
+    return taken
+
+
+def test_the_one_row_fusions_take_the_weights_they_sped_up_and_not_those_they_slowed() -> None:
+    # on one H100 (benchmarks/results/gpu-2026-12-06-walk-fusions/) the fusions sped mla-moe-16b's AR step (its MLA
+    # first projections) and slowed Qwen3.6-27B's (every first projection and down projection there is large)
+    mla = [taken for name, taken in fused_weights("mla-moe-16b").items() if name.endswith("self_attn.first")]
+    assert len(mla) == SHAPES["mla-moe-16b"].target["num_hidden_layers"] and all(mla)
+    qwen = fused_weights("qwen3.6-27b")  # 64 MLPs' gate|up and down, 16 gated attentions' q|k|v
+    assert len(qwen) == 64 + 64 + 16 and not any(qwen.values())
+
+
 @pytest.mark.parametrize("command", [["profile", "--help"], ["random-weights", "--help"]])
 def test_help_lists_every_shape(command: list[str]) -> None:
     shown = " ".join(CliRunner().invoke(app, command, terminal_width=200).output.split())

@@ -103,7 +103,8 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(layer(norm(x + residual)), x + residual) in one kernel for one row where Triton runs
     (`triton_gemv.norm_linear_row`: the norm made as the weights are read, one launch fewer); None elsewhere,
-    and for a norm whose weight is not in x's dtype."""
+    for a norm whose weight is not in x's dtype, and for a weight larger than the fusions take
+    (`triton_gemv.fuses_row`)."""
     if x.numel() != layer.in_features or not _use_triton(x) or not layer.weight.is_contiguous():
         return None
     if norm.weight.dtype != x.dtype:
@@ -111,7 +112,7 @@ def norm_linear(
     from specdeploy.engine import triton_gemv
 
     tiles = triton_gemv.ONE_ROW_LINEAR
-    if tiles is None:
+    if tiles is None or not triton_gemv.fuses_row(layer.weight):
         return None
     return triton_gemv.norm_linear_row(
         x, residual, norm.weight, norm.eps, norm.zero_centered, layer.weight, layer.bias, tiles
@@ -120,12 +121,13 @@ def norm_linear(
 
 def silu_mul_linear(gate_up: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     """linear(silu_mul(gate_up), layer): SwiGLU's down projection of its activations. One row where Triton runs is
-    one kernel (`triton_gemv.swiglu_down_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None), which makes the
-    activations as it reads the weights; more rows launch the two."""
+    one kernel (`triton_gemv.swiglu_down_row`, unless `triton_gemv.ONE_ROW_LINEAR` is None or the weight is
+    larger than the fusions take, `triton_gemv.fuses_row`), which makes the activations as it reads the weights;
+    the rest launch the two."""
     if gate_up.numel() == 2 * layer.in_features and _use_triton(gate_up):
         from specdeploy.engine import triton_gemv
 
-        if triton_gemv.ONE_ROW_LINEAR is not None:
+        if triton_gemv.ONE_ROW_LINEAR is not None and triton_gemv.fuses_row(layer.weight):
             return triton_gemv.swiglu_down_row(gate_up, layer.weight, layer.bias, triton_gemv.ONE_ROW_LINEAR)
     return linear(silu_mul(gate_up), layer)
 

@@ -37,6 +37,21 @@ class GemvTiles(NamedTuple):
 ONE_ROW_LINEAR: GemvTiles | None = GemvTiles(4, 2048, 4, 2)
 
 
+# The one-row fusions (`norm_linear_row`, `swiglu_down_row`) take weights up to this size. Each of their programs
+# reads its input row whole besides its weight tiles (the norm's sum of squares; gate | up): 5 / BLOCK_N and
+# 2 / BLOCK_N times the weight's bytes again, from L2. That is nothing against the launch a fusion saves (a few us)
+# while the weight is small, and more than it once the weight takes tens of us to read: on one H100 (at d113647)
+# the fusions slowed Qwen3.6-27B's AR step from 18.15 to 19.75 ms (gate|up 356 MB, down 178 MB, q|k|v 100 MB and
+# more) and sped mla-moe-16b's from 2.63 to 2.59 ms (MLA's first projection 8.6 MB)
+# (`benchmarks/results/gpu-2026-12-06-walk-fusions/`).
+FUSED_ROW_MAX_WEIGHT_BYTES = 16 << 20
+
+
+def fuses_row(weight: torch.Tensor) -> bool:
+    """Whether a one-row fusion takes `weight` (FUSED_ROW_MAX_WEIGHT_BYTES)."""
+    return weight.numel() * weight.element_size() <= FUSED_ROW_MAX_WEIGHT_BYTES
+
+
 @triton.jit
 def _add_gemv_tiles(acc, rows, row_width, col_ok, vector_ptr, start, BLOCK_K: tl.constexpr):
     """acc [BLOCK_N, BLOCK_K] plus the float32 products of rows[:, k] and vector[k] for start <= k < row_width."""
