@@ -213,6 +213,13 @@ def test_build_target_layer_ids_matches_dflash(target_layers: int, draft_layers:
     )
 
 
+@pytest.mark.parametrize("target_layers", range(1, 9))
+@pytest.mark.parametrize("draft_layers", range(1, 7))
+def test_default_layer_ids_are_layers_of_the_target(target_layers: int, draft_layers: int) -> None:
+    ids = build_target_layer_ids(target_layers, draft_layers)
+    assert len(ids) == draft_layers and all(0 <= i < target_layers for i in ids), ids
+
+
 def test_published_default_layer_ids() -> None:
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert build_target_layer_ids(61, 6) == [1, 12, 24, 35, 47, 58]
