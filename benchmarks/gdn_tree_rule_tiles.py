@@ -46,16 +46,6 @@ def tree_paths(budget: int, generator: torch.Generator) -> torch.Tensor:
     return root_paths(tree.ancestors, BLOCK).contiguous()
 
 
-def leaves(paths: torch.Tensor) -> torch.Tensor:
-    """[T] whether each token of row 0 is a leaf: the last token whose path holds it (the walk's owners)."""
-    tokens = paths.shape[1]
-    held = paths[0].clamp(min=0)  # -1 padding -> the root, which every path holds anyway
-    owner = torch.full((tokens,), -1, device=paths.device)
-    index = torch.arange(tokens, device=paths.device)[:, None].expand_as(held)
-    owner.scatter_reduce_(0, held.reshape(-1), index.reshape(-1), "amax")
-    return owner == torch.arange(tokens, device=paths.device)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -75,8 +65,7 @@ def main() -> None:
         for budget in (int(b) for b in args.budgets.split(",")):
             paths = tree_paths(budget, generator)
             tokens = paths.shape[1]
-            steps = (paths >= 0).sum(-1)[0]  # each token's path length
-            walked = int(steps[leaves(paths)].sum())  # state updates the programs make: the leaves' paths
+            walked = int((paths >= 0).sum())  # state updates the programs make: the sum of path lengths
             q = torch.randn(1, tokens, key_heads, key_dim, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(1, tokens, key_heads, key_dim, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, tokens, heads, value_dim, device="cuda", dtype=torch.bfloat16)
@@ -102,7 +91,7 @@ def main() -> None:
                     triton_gdn.TREE_TILES = None
                 diff = (out - default).abs().max().item()
                 rows[row] = {"us": ms * 1e3, "max_abs_diff": diff}
-                print(f"{name} budget {budget} ({tokens} tokens, {walked} updates, {int(steps.sum())} on every token's path): {row:>8}: {ms * 1e3:7.1f} us  "
+                print(f"{name} budget {budget} ({tokens} tokens, {walked} updates): {row:>8}: {ms * 1e3:7.1f} us  "
                       f"diff {diff:.1e}", flush=True)  # fmt: skip
             if not args.no_torch_ut:
                 try:  # the UT form in torch: tensor-core products and a triangular solve instead of the walk
@@ -117,12 +106,7 @@ def main() -> None:
                 except RuntimeError as error:  # e.g. an op that cannot be captured in a graph
                     rows["torch-ut"] = {"error": str(error)[:300]}
                     print(f"{name} budget {budget}: torch UT form failed: {error}", flush=True)
-            result["shapes"][name][budget] = {
-                "tokens": tokens,
-                "state_updates": walked,
-                "path_steps": int(steps.sum()),
-                "tiles": rows,
-            }
+            result["shapes"][name][budget] = {"tokens": tokens, "state_updates": walked, "tiles": rows}
             args.out.write_text(json.dumps(result, indent=1))
 
 

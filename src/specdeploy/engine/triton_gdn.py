@@ -1,13 +1,12 @@
 """Triton kernels of the gated delta rule: `tree_rule`, `replay` and `chain_rule` of `gated_delta_rule` on CUDA.
 
-A tree program walks one leaf's root path from the committed state for one (value head, block of value columns),
-and writes the outputs of the nodes on that path it owns (each node is owned by the last token whose path holds
-it): the delta rule is independent per value column, so a [Dk, BV] slice of the state stays in registers, every
-node's output is written once, and no per-token state is ever written to memory. The shapes are fixed, so a
-verification with recurrent layers is captured in a CUDA graph. A prefill chunk (`chain_rule`) has one program per
-(row, value head, block) walking the whole chain: each token's output on the way, the final state at the end. The
-walks' arithmetic follows the torch reference step by step (L2 norms with eps inside the root, decay, recall,
-corrected write) in float32.
+Each tree program owns one (token, value head, block of value columns): the delta rule is independent per
+value column, so a [Dk, BV] slice of the state stays in registers while the program walks the token's root
+path from the committed state. No per-token state is ever written to memory, and the shapes are fixed, so a
+verification with recurrent layers is captured in a CUDA graph. A prefill
+chunk (`chain_rule`) has one program per (row, value head, block) walking the whole chain: each token's output
+on the way, the final state at the end. The walks' arithmetic follows the torch reference step by step (L2
+norms with eps inside the root, decay, recall, corrected write) in float32.
 """
 
 from __future__ import annotations
@@ -78,34 +77,16 @@ def _read(h, query_ptr, offs_k, mask_k, scale, eps):
 
 
 @triton.jit
-def _owns(paths_ptr, sp_t, tokens, t, depth, node, offs_s):
-    """Whether token t is `node`'s owner, the last token (highest index) whose root path holds it (at `depth`): every
-    node has one, a leaf of the tree, whose walk passes through it."""
-    column = tl.load(paths_ptr + offs_s * sp_t + depth, mask=offs_s < tokens, other=-1)
-    return tl.max(((column == node) & (offs_s > t)).to(tl.int32), axis=0) == 0
-
-
-@triton.jit
 def _tree_rule_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, paths_ptr, state_ptr, out_ptr,
     tokens, depths, groups,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sp_b, sp_t, ss_b, ss_h, so_b, so_t, so_h,
     scale, eps,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """Only the tree's leaves walk: each along its root path, writing the outputs of the nodes it owns (`_owns`) on
-    the way. Every node's output is written once, and a path shared by many tokens is walked by one program, not
-    by every token on it (a 15-deep chain: 15 state updates, not 120)."""
     dependent_launch()
     bt, head, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, t = bt // tokens, bt % tokens
-    paths_ptr += b * sp_b
-    path_ptr = paths_ptr + t * sp_t
-    offs_d, offs_s = tl.arange(0, BD), tl.arange(0, BT)
-    length = tl.sum((tl.load(path_ptr + offs_d, mask=offs_d < depths, other=-1) >= 0).to(tl.int32), axis=0)
-    # not a leaf: its owner walks through it (every path holds its token, last: `tree.root_paths`)
-    if not _owns(paths_ptr, sp_t, tokens, t, tl.maximum(length - 1, 0), t, offs_s):
-        return
     key_head = head // groups
     offs_k, offs_v = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
     mask_k, mask_v = offs_k < DK, offs_v < DV
@@ -114,22 +95,13 @@ def _tree_rule_kernel(
         mask=mask_k[:, None] & mask_v[None, :],
         other=0.0,
     )
-    k_ptr, v_ptr, g_ptr, beta_ptr = k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b
-    # software-pipelined as `_walk`: the next node's inputs load while this one computes
-    node = tl.load(path_ptr)
-    k, v, decay, beta = _inputs(node, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t,
-                                offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
-    following = tl.load(path_ptr + 1, mask=length > 1, other=0)
-    for d in range(0, length):
-        after = tl.load(path_ptr + d + 2, mask=d + 2 < length, other=0)
-        k_next, v_next, decay_next, beta_next = _inputs(following, k_ptr, v_ptr, g_ptr, beta_ptr, key_head, head,
-                                                        sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v,
-                                                        eps)  # fmt: skip
-        h = _update(h, k, v, decay, beta)
-        if _owns(paths_ptr, sp_t, tokens, t, d, node, offs_s):
-            out = _read(h, q_ptr + b * sq_b + node * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
-            tl.store(out_ptr + b * so_b + node * so_t + head * so_h + offs_v, out, mask=mask_v)
-        k, v, decay, beta, node, following = k_next, v_next, decay_next, beta_next, following, after
+    path_ptr = paths_ptr + b * sp_b + t * sp_t
+    offs_d = tl.arange(0, BD)
+    length = tl.sum((tl.load(path_ptr + offs_d, mask=offs_d < depths, other=-1) >= 0).to(tl.int32), axis=0)
+    h = _walk(h, path_ptr, length, k_ptr + b * sk_b, v_ptr + b * sv_b, g_ptr + b * sd_b, beta_ptr + b * sd_b,
+              key_head, head, sk_t, sk_h, sv_t, sv_h, sd_t, offs_k, mask_k, offs_v, mask_v, eps)  # fmt: skip
+    out = _read(h, q_ptr + b * sq_b + t * sq_t + key_head * sq_h, offs_k, mask_k, scale, eps)
+    tl.store(out_ptr + b * so_b + t * so_t + head * so_h + offs_v, out, mask=mask_v)
 
 
 @triton.jit
@@ -236,7 +208,6 @@ def tree_rule(
         BK=bk,
         BV=bv,
         BD=triton.next_power_of_2(depths),
-        BT=triton.next_power_of_2(tokens),
         num_warps=warps,
         **launch_options(),
     )
