@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
+from specdeploy.engine.triton_rounding import rounded
 
 
 class GemvTiles(NamedTuple):
@@ -126,21 +127,15 @@ def _linear_row_kernel(
 
 
 @triton.jit
-def _round(x, dtype: tl.constexpr):
-    """A float32 value rounded to the model dtype and back: what a torch op in that dtype stores."""
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     """RMSNorm(x + residual) at columns kk, rounded as `ops.rms_norm` stores it (float32 values of `dtype`)."""
     x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     r = tl.load(res_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-    normed = _round(x + r, dtype) * rstd
+    normed = rounded(x + r, dtype) * rstd
     w = tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     if ZERO_CENTERED:
-        return _round(normed * (1.0 + w), dtype)
-    return _round(_round(normed, dtype) * w, dtype)
+        return rounded(normed * (1.0 + w), dtype)
+    return rounded(rounded(normed, dtype) * w, dtype)
 
 
 @triton.jit
@@ -167,7 +162,7 @@ def _norm_linear_row_kernel(
     dtype = out_ptr.dtype.element_ty
     d = tl.arange(0, ROW)
     d_ok = d < in_features
-    total = _round(
+    total = rounded(
         tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
         + tl.load(res_ptr + d, mask=d_ok, other=0.0).to(tl.float32),
         dtype,

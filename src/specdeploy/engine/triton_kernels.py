@@ -15,6 +15,7 @@ import triton.language as tl
 
 from specdeploy.engine import triton_mla
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
+from specdeploy.engine.triton_rounding import rounded
 
 
 @triton.jit
@@ -124,12 +125,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _round(x, dtype: tl.constexpr):
-    """Round a float32 value to the model dtype and back: what a torch op in that dtype stores."""
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _qk_norm_rope_store_kernel(
     q_ptr,
     k_ptr,
@@ -180,15 +175,15 @@ def _qk_norm_rope_store_kernel(
     w_partner = tl.load(weight_ptr + partner, mask=rotated, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     if ZERO_CENTERED:
-        normed = _round(x * inv * (1.0 + w), dtype)
-        normed_partner = _round(x_partner * inv * (1.0 + w_partner), dtype)
+        normed = rounded(x * inv * (1.0 + w), dtype)
+        normed_partner = rounded(x_partner * inv * (1.0 + w_partner), dtype)
     else:
-        normed = _round(_round(x * inv, dtype) * w, dtype)
-        normed_partner = _round(_round(x_partner * inv, dtype) * w_partner, dtype)
+        normed = rounded(rounded(x * inv, dtype) * w, dtype)
+        normed_partner = rounded(rounded(x_partner * inv, dtype) * w_partner, dtype)
     cos = tl.load(cos_ptr + b * stride_cos_batch + t * R + offs, mask=rotated, other=1.0).to(tl.float32)
     sin = tl.load(sin_ptr + b * stride_cos_batch + t * R + offs, mask=rotated, other=0.0).to(tl.float32)
     sign = tl.where(offs < half, -1.0, 1.0)
-    out = _round(_round(normed * cos, dtype) + _round(sign * normed_partner * sin, dtype), dtype)
+    out = rounded(rounded(normed * cos, dtype) + rounded(sign * normed_partner * sin, dtype), dtype)
     out = tl.where(rotated, out, normed).to(dtype)
     if is_query:
         group = heads // kv_heads

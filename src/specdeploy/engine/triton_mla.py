@@ -23,11 +23,7 @@ import triton
 import triton.language as tl
 
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr):
-    return x.to(dtype).to(tl.float32)
+from specdeploy.engine.triton_rounding import rounded
 
 
 @triton.jit
@@ -47,7 +43,7 @@ def _rotate(source, cos_ptr, sin_ptr, dtype: tl.constexpr, R: tl.constexpr, INTE
     cos = tl.load(cos_ptr + j).to(tl.float32)
     sin = tl.load(sin_ptr + j).to(tl.float32)
     sign = tl.where(j < half, -1.0, 1.0)
-    return _round(_round(x * cos, dtype) + _round(sign * x_partner * sin, dtype), dtype)
+    return rounded(rounded(x * cos, dtype) + rounded(sign * x_partner * sin, dtype), dtype)
 
 
 @triton.jit
@@ -114,7 +110,7 @@ def _mla_query_entry_kernel(
         source = kv_ptr + row.to(tl.int64) * kv_row
         x = tl.load(source + lat).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, axis=0) / L + eps)
-        normed = _round(_round(x * inv, dtype) * tl.load(norm_ptr + lat).to(tl.float32), dtype)
+        normed = rounded(rounded(x * inv, dtype) * tl.load(norm_ptr + lat).to(tl.float32), dtype)
         rotated = _rotate(source + L, cos, sin, dtype, R, INTERLEAVED)
         entry = cache_ptr + tl.load(slot_ptr + row).to(tl.int64) * (L + R)
         tl.store(entry + lat, normed.to(cache_ptr.dtype.element_ty))

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting, _two_gemv_tiles_waiting
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
+from specdeploy.engine.triton_rounding import rounded
 
 
 class Tiles(NamedTuple):
@@ -66,11 +67,6 @@ def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
         wide = 128 if hidden >= 4096 and pairs >= total_experts else 64
         return MoeTiling(16, Tiles(64, 128, 4, 3), Tiles(wide, 128, 4, 3))
     return MoeTiling(64, Tiles(64, 64, 4, 3), Tiles(128, 64, 4, 3))
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr):
-    return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -127,9 +123,9 @@ def _gate_up_kernel(
         else:
             gate_acc += tl.dot(a, gate_w)
             up_acc += tl.dot(a, up_w)
-    gate = _round(gate_acc, dtype)
-    silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
-    hidden_act = silu * _round(up_acc, dtype)
+    gate = rounded(gate_acc, dtype)
+    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    hidden_act = silu * rounded(up_acc, dtype)
     out = out_ptr + slot[:, None].to(tl.int64) * stride_out + col[None, :]
     tl.store(out, hidden_act.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -180,7 +176,7 @@ def _down_kernel(
             acc += tl.dot(a, b)
     dtype = act_ptr.dtype.element_ty  # the model dtype
     scale = tl.load(weight_ptr + pair, mask=pair < routed_pairs, other=1.0).to(tl.float32)
-    result = _round(_round(acc, dtype) * scale[:, None], dtype)
+    result = rounded(rounded(acc, dtype) * scale[:, None], dtype)
     out = out_ptr + pair[:, None].to(tl.int64) * hidden + col[None, :]
     tl.store(out, result, mask=row_ok[:, None] & col_ok[None, :])
 
@@ -224,9 +220,9 @@ def _gate_up_gemv_kernel(
         gate = _gemv_tile(w, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
         up = _gemv_tile(w + width.to(tl.int64) * hidden, hidden, col, col_ok, x_ptr, BLOCK_N, BLOCK_K)
     dtype = out_ptr.dtype.element_ty
-    gate = _round(gate, dtype)
-    up = _round(up, dtype)
-    silu = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    gate = rounded(gate, dtype)
+    up = rounded(up, dtype)
+    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
     tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
 
 
@@ -252,9 +248,9 @@ def _down_gemv_kernel(
     for pair in range(0, top_k):
         w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
         expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
-        total += _round(_round(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
+        total += rounded(rounded(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
     if SHARED:  # weight 1
-        total += _round(shared, dtype)
+        total += rounded(shared, dtype)
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
 
 
