@@ -1,8 +1,8 @@
-"""One H200 or H100, under 8 minutes: the MoE/MLA kernels' CUDA tests, then each shape's step cost against its
+"""One H200 or H100, under 10 minutes: the MoE/MLA kernels' CUDA tests, then each shape's step cost against its
 roofline.
 
-1. `pytest -m gpu` on the fused-MoE and fast-path tests and the GPU decoding tests (deepseek_v3 and qwen3_moe
-   fp32 greedy equality with CUDA graphs, bf16 near-tie equality): log and a JSON verdict.
+1. `pytest -m gpu` on the MoE, MLA and one-row kernels' tests and the GPU decoding tests of the MLA + MoE families
+   (deepseek_v3 and kimi fp32 greedy equality with CUDA graphs): log and a JSON verdict.
 2. `ddtree_side_by_side.py --engine-only` for mla-moe-16b and the Kimi shape the card holds (kimi-like, 4 layers,
    from 120 GB of GPU memory; else kimi-like-h100, 2 layers) (ar, dflash, ddtree 16/64/256): ms per step, % of
    each mode's own roofline, measured expert union next to 1-(1-k/E)^n.
@@ -36,6 +36,13 @@ QWEN3_BASELINES = [
     RESULTS / "h200-2026-12-02" / "engine_qwen3-8b_18d0ea0.json",
 ]
 TESTS = ["tests/test_gpu_fastpath.py", "tests/test_decode_gpu.py"]
+# the MoE, MLA and one-row kernels' tests and the two MLA + MoE families' decoding: both files whole took more than
+# the stage's time on a cold H100 (14 tests in 130 s; Kimi's float32 decoding alone 43 s,
+# `results/gpu-2026-12-06-walk-fusions/`)
+TESTS_SELECTED = (
+    "moe or routing or mla or one_row or norm_linear or swiglu or (fp32 and (deepseek_v3 or kimi))"
+)
+TESTS_S = 150
 STAGES = [  # (shape, modes, seconds at most); "kimi": the Kimi shape the card holds (`kimi_shape`)
     ("mla-moe-16b", "ar,dflash,ddtree-16,ddtree-64,ddtree-256", 110),
     ("kimi", "ar,dflash,ddtree-16,ddtree-64,ddtree-256", 150),
@@ -54,7 +61,7 @@ def kimi_shape() -> str:
     return "kimi-like" if total >= KIMI_4_LAYERS_GB * 1e9 else "kimi-like-h100"
 
 
-TOTAL_S = 470  # the whole run, under 8 minutes
+TOTAL_S = 560  # the whole run, under 10 minutes
 
 
 def qwen3_regressions(measured: dict) -> dict:
@@ -98,8 +105,9 @@ def main() -> None:
 
     if not args.skip_tests:
         log = out / f"gpu_tests_{commit}.log"
-        pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *TESTS]
-        code, seconds = run(pytest, log, min(120, deadline - time.monotonic()))
+        pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *TESTS,
+                  "-k", TESTS_SELECTED]  # fmt: skip
+        code, seconds = run(pytest, log, min(TESTS_S, deadline - time.monotonic()))
         last = [line for line in log.read_text().splitlines() if line.strip()][-1:]
         summary["stages"]["gpu_tests"] = {
             "returncode": code,
