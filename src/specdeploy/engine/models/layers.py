@@ -180,7 +180,7 @@ def normed_into(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(module(norm(x + residual), *args), x + residual). A module whose first step is one projection
     (`first_projection`, then `after_first_projection`) takes the norm inside that projection's kernel where
-    `ops.norm_linear` runs one (one row on a GPU): one launch fewer."""
+    `ops.norm_linear` runs one (one row on a GPU, a weight `triton_gemv.fuses_row` takes): one launch fewer."""
     projection = getattr(module, "first_projection", None)
     fused = None if projection is None else ops.norm_linear(x, residual, norm, projection)
     if fused is None:
