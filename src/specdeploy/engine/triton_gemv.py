@@ -258,37 +258,43 @@ def _swiglu_down_row_kernel(
     tl.store(out_ptr + col, out.to(dtype), mask=col_ok)
 
 
-def _one_row(kernel, row: torch.Tensor, parts: int, weight: torch.Tensor, bias: torch.Tensor | None,
-             tiles: GemvTiles) -> torch.Tensor:  # fmt: skip
-    """Launch a one-row projection `kernel` (`_linear_row_kernel`'s arguments) of `row` [..., parts * in], whose
-    `parts` input vectors make the one the weight [out, in] multiplies."""
+def _one_row_output(row: torch.Tensor, parts: int, weight: torch.Tensor) -> torch.Tensor:
+    """The output of a one-row projection of `row` [..., parts * in] (its `parts` input vectors make the one the
+    weight [out, in] multiplies), once both are checked. Each caller launches its kernel itself: the launch checker
+    (tests/test_triton_launch.py) reads the kernel's name at the launch."""
     out_features, in_features = weight.shape
     if row.numel() != parts * in_features or weight.stride() != (in_features, 1):
         raise ValueError(
             f"one row of {parts * in_features} values and a contiguous weight expected, got {tuple(row.shape)} "
             f"and strides {weight.stride()}"
         )
-    out = torch.empty(*row.shape[:-1], out_features, dtype=row.dtype, device=row.device)
-    kernel[(triton.cdiv(out_features, tiles.block_n),)](
-        row.contiguous(), weight, weight if bias is None else bias, out, out_features, in_features,
-        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps,
-        num_stages=tiles.stages, **launch_options(),
-    )  # fmt: skip
-    return out
+    return torch.empty(*row.shape[:-1], out_features, dtype=row.dtype, device=row.device)
 
 
 def swiglu_down_row(
     gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
 ) -> torch.Tensor:
     """F.linear(silu(gate) * up, weight, bias) of one row gate_up [..., 2 * in] in one kernel."""
-    return _one_row(_swiglu_down_row_kernel, gate_up, 2, weight, bias, tiles)
+    out = _one_row_output(gate_up, 2, weight)
+    _swiglu_down_row_kernel[(triton.cdiv(weight.shape[0], tiles.block_n),)](
+        gate_up.contiguous(), weight, weight if bias is None else bias, out, *weight.shape,
+        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps,
+        num_stages=tiles.stages, **launch_options(),
+    )  # fmt: skip
+    return out
 
 
 def linear_one_row(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) of one row x [..., in] (float32 sums, rounded once, as cuBLAS's)."""
-    return _one_row(_linear_row_kernel, x, 1, weight, bias, tiles)
+    out = _one_row_output(x, 1, weight)
+    _linear_row_kernel[(triton.cdiv(weight.shape[0], tiles.block_n),)](
+        x.contiguous(), weight, weight if bias is None else bias, out, *weight.shape,
+        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps,
+        num_stages=tiles.stages, **launch_options(),
+    )  # fmt: skip
+    return out
 
 
 class RowsLinear(NamedTuple):
