@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
-from specdeploy.engine.triton_rounding import rounded
+from specdeploy.engine.triton_rounding import rounded, rounded_silu
 
 
 class GemvTiles(NamedTuple):
@@ -198,12 +198,9 @@ def norm_linear_row(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.linear(RMSNorm(x + residual), weight, bias), x + residual) of one row x [..., in] in one kernel."""
     out_features, in_features = weight.shape
-    if x.numel() != in_features or residual.numel() != in_features or weight.stride() != (in_features, 1):
-        raise ValueError(
-            f"one row of {in_features} values, its residual and a contiguous weight expected, got "
-            f"{tuple(x.shape)}, {tuple(residual.shape)} and strides {weight.stride()}"
-        )
-    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    out = _one_row_output(x, 1, weight)
+    if residual.numel() != in_features:
+        raise ValueError(f"a residual of {in_features} values expected, got {tuple(residual.shape)}")
     total = torch.empty_like(x)
     _norm_linear_row_kernel[(triton.cdiv(out_features, tiles.block_n),)](
         x.contiguous(), residual.contiguous(), norm_weight, weight, weight if bias is None else bias, out, total,
@@ -221,7 +218,7 @@ def _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype: tl.constexpr):
     stores them (float32 values of the model dtype)."""
     gate = tl.load(gate_up_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + inter + kk, mask=k_ok, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # F.silu rounds before the product
+    silu = rounded_silu(gate, dtype)
     return (silu * up).to(dtype).to(tl.float32)
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from specdeploy.engine import triton_mla
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
-from specdeploy.engine.triton_rounding import rounded
+from specdeploy.engine.triton_rounding import rounded, rounded_silu
 
 
 @triton.jit
@@ -107,7 +107,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, inter, stride_xn, BLOCK: tl.constexpr):
     gate = tl.load(x_ptr + row * stride_xn + col, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_xn + inter + col, mask=mask, other=0.0).to(tl.float32)
     g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # F.silu rounds before the product
+    silu = rounded_silu(g, gate.dtype)
     tl.store(out_ptr + row * inter + col, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 

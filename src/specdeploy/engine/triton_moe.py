@@ -27,7 +27,7 @@ import triton.language as tl
 
 from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting, _two_gemv_tiles_waiting
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
-from specdeploy.engine.triton_rounding import rounded
+from specdeploy.engine.triton_rounding import rounded, rounded_silu
 
 
 class Tiles(NamedTuple):
@@ -124,7 +124,7 @@ def _gate_up_kernel(
             gate_acc += tl.dot(a, gate_w)
             up_acc += tl.dot(a, up_w)
     gate = rounded(gate_acc, dtype)
-    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    silu = rounded_silu(gate, dtype)
     hidden_act = silu * rounded(up_acc, dtype)
     out = out_ptr + slot[:, None].to(tl.int64) * stride_out + col[None, :]
     tl.store(out, hidden_act.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
@@ -222,7 +222,7 @@ def _gate_up_gemv_kernel(
     dtype = out_ptr.dtype.element_ty
     gate = rounded(gate, dtype)
     up = rounded(up, dtype)
-    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu rounds before the product
+    silu = rounded_silu(gate, dtype)
     tl.store(out_ptr + pair * stride_out + col, (silu * up).to(dtype), mask=col_ok)
 
 
