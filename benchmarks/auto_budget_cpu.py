@@ -1,12 +1,14 @@
 """`--budget auto` against AR and fixed DDTree budgets on the CPU: the zoo's tiny-code pair, one server at a time.
 
-    python benchmarks/auto_budget_cpu.py --rounds 2 --duration 20 --out result.json
+    python benchmarks/auto_budget_cpu.py --rounds 4 --duration 20 --out result.json
 
-Each round starts every server in turn (AR, DDTree 4, DDTree 16, auto: A, B, C, auto, A, B, C, auto, ...), so a
-load change on a shared machine hits all alike, and measures each with `specdeploy bench` at concurrency 1
+Each round starts every server in turn, the order reversed every other round (AR, DDTree 4, DDTree 16, auto, then
+auto, DDTree 16, DDTree 4, AR, ...), so that a load change on a shared machine hits all alike and a steady drift
+favours none (in the same order each round, auto always ran last, furthest from AR), and measures each with
+`specdeploy bench` at concurrency 1
 and 8 (closed loop, `--duration` seconds per cell, greedy, 64 new tokens) on the demo's built-in prompts (no
 network). Prints, and writes to `--out`, every cell's output tokens/s, the mean over rounds per server and
-concurrency, auto's ratio to the best of the others (of the means, and each round's), and auto's chosen budgets
+concurrency, auto's ratio to the best of the others (of the means, each round's, and their median), and auto's chosen budgets
 and its predicted against realised acceptance (from its /server_info and the responses' meta_info).
 """
 
@@ -122,7 +124,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="an even count puts every server as often early as late"
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per cell")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -131,7 +135,7 @@ def main() -> None:
     taus: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in SERVERS}
     auto_rounds = []
     for round_ in range(args.rounds):
-        for name in SERVERS:
+        for name in list(SERVERS)[:: 1 if round_ % 2 == 0 else -1]:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             log = work / f"{name}-{round_}.log"
@@ -160,9 +164,11 @@ def main() -> None:
         # each round's servers ran one after another: its own ratio shows how far the rounds spread
         by_round = [round(a / b, 3) for a, b in zip(cells["auto"][c], cells[best][c], strict=True)]
         ratios[c] = {"best_fixed": best, "auto_over_best": round(means["auto"][c] / means[best][c], 3),
-                     "auto_over_best_by_round": by_round}  # fmt: skip
+                     "auto_over_best_by_round": by_round,
+                     "auto_over_best_median_of_rounds": round(statistics.median(by_round), 3)}  # fmt: skip
         print(f"c={c}: " + ", ".join(f"{n} {means[n][c]:.1f}" for n in SERVERS)
-              + f"; auto / {best} = {ratios[c]['auto_over_best']:.3f} (rounds: {by_round})")  # fmt: skip
+              + f"; auto / {best} = {ratios[c]['auto_over_best']:.3f} (rounds: {by_round}; median "
+              f"{ratios[c]['auto_over_best_median_of_rounds']:.3f})")  # fmt: skip
     for i, one in enumerate(auto_rounds):
         for c, seen in one["by_concurrency"].items():
             print(f"auto round {i + 1} c={c}: {seen}")
