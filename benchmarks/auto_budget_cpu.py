@@ -42,6 +42,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The servers in the order round `round_` starts them: as given, reversed every other round, so that over an
+    even number of rounds every server runs as often early as late."""
+    return names if round_ % 2 == 0 else names[::-1]
+
+
 def serve(name: str, port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "specdeploy.cli", "serve", "--target", "zoo:tiny-code", "--port", str(port),
                "--max-running-requests", "8", "--context-length", "512", *SERVERS[name]]  # fmt: skip
@@ -135,7 +141,7 @@ def main() -> None:
     taus: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in SERVERS}
     auto_rounds = []
     for round_ in range(args.rounds):
-        for name in list(SERVERS)[:: 1 if round_ % 2 == 0 else -1]:
+        for name in round_order(list(SERVERS), round_):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             log = work / f"{name}-{round_}.log"
