@@ -5,11 +5,11 @@
 Each round starts every server in turn, the order reversed every other round (AR, DDTree 4, DDTree 16, auto, then
 auto, DDTree 16, DDTree 4, AR, ...), so that a load change on a shared machine hits all alike and a steady drift
 favours none (in the same order each round, auto always ran last, furthest from AR), and measures each with
-`specdeploy bench` at concurrency 1
-and 8 (closed loop, `--duration` seconds per cell, greedy, 64 new tokens) on the demo's built-in prompts (no
-network). Prints, and writes to `--out`, every cell's output tokens/s, the mean over rounds per server and
-concurrency, auto's ratio to the best of the others (of the means, each round's, and their median), and auto's chosen budgets
-and its predicted against realised acceptance (from its /server_info and the responses' meta_info).
+`specdeploy bench` at concurrency 1 and 8 (closed loop, `--duration` seconds per cell, greedy, 64 new tokens) on
+the demo's built-in prompts (no network). Prints, and writes to `--out`, every cell's output tokens/s, the mean
+over rounds per server and concurrency, auto's ratio to the best of the others (of the means, each round's, and
+their median), and auto's chosen budgets and its predicted against realised acceptance (from its /server_info and
+the responses' meta_info).
 """
 
 from __future__ import annotations
