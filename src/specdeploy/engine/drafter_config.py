@@ -20,9 +20,8 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
-    if (
-        end < start
-    ):  # under 4 target layers (a shape cut to fit one GPU) the spread leaves them: layer 1, as at 4
+    # under 4 target layers (a shape cut to fit one GPU) the spread leaves them: layer 1, as at 4
+    if end < start:
         return [min(start, num_target_layers - 1)] * num_draft_layers
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
+from specdeploy.engine.triton_rounding import rounded
 
 EPS = 1e-6  # gated_delta_rule.l2norm's
 # The tree rule's launch shape, (value columns per program, warps); None: `_blocks`' columns and TREE_WARPS. A
@@ -381,14 +382,13 @@ def _gated_norm_kernel(
     offs = tl.arange(0, BD)
     mask = offs < D
     dtype = out_ptr.dtype.element_ty
-    x = (
-        tl.load(x_ptr + row * D + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    )  # the rule's output, rounded
+    # the rule's output, rounded
+    x = rounded(tl.load(x_ptr + row * D + offs, mask=mask, other=0.0), dtype)
     normed = (x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)).to(dtype)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
     y = w.to(tl.float32) * normed.to(tl.float32)
     if not WEIGHT_FP32:
-        y = y.to(dtype).to(tl.float32)  # the weight product rounds in the model dtype
+        y = rounded(y, dtype)  # the weight product rounds in the model dtype
     g = tl.load(gate_ptr + token * sg_row + head * sg_h + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * D + offs, (y * (g * tl.sigmoid(g))).to(dtype), mask=mask)
 

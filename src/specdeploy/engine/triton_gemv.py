@@ -219,7 +219,7 @@ def _silu_mul_tile(gate_up_ptr, inter, kk, k_ok, dtype: tl.constexpr):
     gate = tl.load(gate_up_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + inter + kk, mask=k_ok, other=0.0).to(tl.float32)
     silu = rounded_silu(gate, dtype)
-    return (silu * up).to(dtype).to(tl.float32)
+    return rounded(silu * up, dtype)
 
 
 @triton.jit

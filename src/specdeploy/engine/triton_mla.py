@@ -182,7 +182,7 @@ def _combine_up_kernel(
         acc = acc * rescale + tl.sum(parts * weight[:, None], axis=0)
         top = new_top
     # rounded as the attention's output is before torch's batched matmul reads it
-    attended = (acc / tl.where(total > 0, total, 1.0)).to(dtype).to(tl.float32)
+    attended = rounded(acc / tl.where(total > 0, total, 1.0), dtype)
     if not VALUE_FIRST:
         value_up = tl.load(value_at, mask=v_ok[:, None], other=0.0)
     out = tl.sum(value_up.to(tl.float32) * attended[None, :], axis=1)
