@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+import statistics
 
 import pytest
 import torch
@@ -179,3 +181,35 @@ def test_an_auto_engine_keeps_the_largest_budget_calibrated_while_it_runs_a_smal
     at_largest = [predicted for budget, predicted in steps if budget == 16]
     assert 0 < len(at_largest) < len(steps) / 4 and all(at_largest)
     assert policy.describe()["calibration_by_budget"].keys() == {2, 4, 16}
+
+
+def simulated_step(rng: random.Random) -> tuple[dict[int, int], dict[int, float]]:
+    """One predicting step's trees: what each budget's tree would commit (each tree a prefix of the next, so never
+    less than the smaller one's) and what it predicts. Half the steps meet hard text, which moves every budget
+    alike; 32's tree adds 1-2 tokens on 30% of steps (0.45 on average), 64's 1-3 beyond it on 30% (0.6)."""
+    hard = rng.random() < 0.5
+    at_16 = 1 + (rng.randint(0, 3) if hard else rng.randint(2, 7))
+    at_32 = at_16 + (rng.randint(1, 2) if rng.random() < 0.3 else 0)
+    at_64 = at_32 + (rng.randint(1, 3) if rng.random() < 0.3 else 0)
+    tree_16 = 1 + (1.8 if hard else 4.0)
+    return {16: at_16, 32: at_32, 64: at_64}, {16: tree_16, 32: tree_16 + 0.5, 64: tree_16 + 1.0}
+
+
+def test_the_largest_budget_told_by_few_steps_is_rated_by_its_gain_not_by_their_text():
+    """Steps at 32, one in four at 64 (as acceptance-exploring steps run it), every one predicting: after 200
+    steps the estimated gain of 64 over 32 is near the simulation's true 0.3 * 2 = 0.6 tokens, and never
+    negative. Calibrated by the totals of its own few steps, 64 was rated below 32 in 14 of these 300 runs
+    (mean error 0.29 tokens): those steps' text, not its tree, decided."""
+    true_gain = 0.3 * 2
+    gains = []
+    for seed in range(300):
+        rng, policy = random.Random(seed), gpu_policy()
+        for index in range(200):
+            run_at = 64 if index % 4 == 0 else 32
+            would, trees = simulated_step(rng)
+            realised = [[would[b] if b <= run_at else math.nan for b in policy.drafting]]
+            policy.observe(run_at, [would[run_at]], STARTUP[run_at], [[trees[b] for b in policy.drafting]], None,
+                           realised)  # fmt: skip
+        gains.append(policy.estimate(64) - policy.estimate(32))
+    assert min(gains) > 0
+    assert statistics.fmean(abs(gain - true_gain) for gain in gains) < 0.2

@@ -18,8 +18,9 @@ policy keeps:
 - acceptance, for every budget at once: each drafting step's own tree predicts, for every prefix budget, the
   tokens a request would commit (1 + the summed path probabilities of its nodes,
   `tree.expected_accept_lengths`); the policy keeps a running mean of that prediction per budget, and
-  calibrates each budget by what its own tree would have committed over what it predicted, on the predicting
-  steps whose tree held it: a smaller budget's tree is the best-scored prefix of the tree run, so a step tells
+  calibrates each budget by what its own tree would have committed beyond the next smaller budget's tree over
+  what it predicted beyond it, on the predicting steps whose tree held it (a difference within one step, free of
+  the text's difficulty): a smaller budget's tree is the best-scored prefix of the tree run, so a step tells
   what every smaller budget would have accepted (`tree.realised_accept_lengths`), and while a smaller budget
   is chosen one predicting step in ACCEPT_EXPLORE_EVERY runs the largest, at most, and no more often than costs
   about a fiftieth of the throughput, as a far exploring step below (the draft's probabilities misjudge
@@ -116,6 +117,9 @@ DRAFT_MARGIN = 0.08
 MAX_EXPLORE_BACKOFF = 4
 # an explored step at this share of its budget's median correction, or less, resets the backoff
 EXPLORE_FASTER = 0.8
+# a budget's tree predicted less than this beyond the next smaller one's, on the steps that held it: its gain is
+# what it added there, unscaled (a ratio of two near-zero means would be noise)
+GAIN_FLOOR = 1e-3
 REFRESH_EVERY = 4  # observed steps between re-rankings: recomputed at every step, the medians behind a choice
 # took a tenth of a small model's step on a GPU (0.07 of 0.7 ms), and four steps move them little
 
@@ -273,6 +277,15 @@ class BudgetPolicy:
         self.budget_predicted = dict.fromkeys(self.drafting, 0.0)
         self.budget_calibrations = dict.fromkeys(self.drafting, 0)
         self.calibrated_at = dict.fromkeys(self.drafting, 0)
+        # per drafting budget, over the same steps: running means of what its tree would have committed beyond
+        # the next smaller drafting budget's tree (the smallest: beyond the bonus token), and of what it predicted
+        # beyond it; each step's pair of trees is one tree and its prefix, so the difference is free of the text's
+        # difficulty, which moves both alike (`estimate`)
+        self.gain_realised = dict.fromkeys(self.drafting, 0.0)
+        self.gain_predicted = dict.fromkeys(self.drafting, 0.0)
+        self._estimates: dict[int, float] | None = (
+            None  # `estimate` of every drafting budget, until folded in
+        )
         # the step chosen last is to predict: it explores acceptance (the engine reads it)
         self.predict_next = False
         self._largest = self.drafting[-1] if self.drafting else 0
@@ -318,27 +331,55 @@ class BudgetPolicy:
 
     def calibration(self, budget: int | None = None) -> float:
         """Realised over predicted accepted draft tokens. For `budget`, once MIN_SAMPLES predicting steps held
-        its tree: what that tree would have committed over what it predicted (the draft's probabilities misjudge
+        its tree: `estimate`'s draft tokens over the trees' mean prediction (the draft's probabilities misjudge
         small and large trees differently: tiny-code on an H100 realised 0.95 of the prediction at budget 32 and
         1.09 at 64). Else, and for no budget, over the drafting steps run, at whatever budget each ran (1 until
         a few are)."""
         if budget in self.budget_calibrations and self.budget_calibrations[budget] >= MIN_SAMPLES:
-            if self.budget_predicted[budget] > 0:
-                return self.budget_realised[budget] / self.budget_predicted[budget]
+            if self.predicted[budget] > 1:
+                return (self.estimate(budget) - 1) / (self.predicted[budget] - 1)
         if self.calibration_steps < MIN_SAMPLES or self.predicted_drafts <= 0:
             return 1.0
         return self.realised_drafts / self.predicted_drafts
 
     def estimate(self, budget: int) -> float:
-        """Expected tokens per request per step at `budget`: 1 for an AR step; else the trees' calibrated
-        prediction (before MIN_SAMPLES drafting steps, budget + 1: every budget is as good as it could be,
-        which makes the first steps draft and so predict; one tree alone, say a request's first, can predict
-        so little that AR steps, which predict nothing, would follow until an exploring step)."""
+        """Expected tokens per request per step at `budget`: 1 for an AR step; else, from the smallest drafting
+        budget up, what each budget's tree is predicted to add beyond the next smaller one's (the trees' running
+        mean), scaled by what it added over what it predicted on the predicting steps that held it
+        (`gain_realised`); while fewer than MIN_SAMPLES did, the trees' prediction scaled by the one factor of
+        `calibration()`. Each gain is
+        a difference within one step's tree, so a budget told by few steps, the largest, is not rated by the
+        text those few happened to meet: calibrated by its own steps' totals instead, budget 64 (run one
+        predicting step in four) came out below budget 32 in a server on an H200, where it committed more on
+        every step (`tests/test_budget_calibration.py` simulates it). Before MIN_SAMPLES drafting steps,
+        budget + 1: every budget is as good as it could be, which makes the first steps draft and so predict;
+        one tree alone, say a request's first, can predict so little that AR steps, which predict nothing,
+        would follow until an exploring step."""
         if budget == 0:
             return 1.0
         if self.predictions < MIN_SAMPLES:
             return float(budget + 1)
-        return 1 + self.calibration(budget) * (self.predicted[budget] - 1)
+        if self._estimates is None:
+            self._estimates = self._chained_estimates()
+        return self._estimates[budget]
+
+    def _chained_estimates(self) -> dict[int, float]:
+        """`estimate` of every drafting budget: each calibrated one the one below it plus its calibrated gain (the
+        calibrated budgets are the smallest ones: a step that holds a tree holds every smaller one); each other
+        one its trees' prediction scaled by the one factor."""
+        one_factor = self.calibration()
+        estimates, total, below = {}, 1.0, 1.0  # the estimate so far, and the prediction of the tree below
+        for budget in self.drafting:
+            more = self.predicted[budget] - below
+            if self.budget_calibrations[budget] < MIN_SAMPLES:
+                estimates[budget] = 1 + one_factor * (self.predicted[budget] - 1)
+                continue
+            if self.gain_predicted[budget] > GAIN_FLOOR:
+                total += self.gain_realised[budget] * more / self.gain_predicted[budget]
+            else:  # its tree predicted nothing beyond the smaller one's: what it added, as it was
+                total += self.gain_realised[budget]
+            estimates[budget], below = total, self.predicted[budget]
+        return estimates
 
     def step_seconds(self, running: int, budget: int, windows: Windows = None) -> float:
         """Seconds of one step by the start-up cost, at the attention window a step at `budget` reads."""
@@ -625,23 +666,29 @@ class BudgetPolicy:
             self.realised_drafts = running_mean(self.realised_drafts, realised - 1, count)
             self.predicted_drafts = running_mean(self.predicted_drafts, predicted - 1, count)
         if realised_by_budget is not None:
-            self._calibrate_budgets(realised_by_budget, expected)
+            self._calibrate_budgets(realised_by_budget, means)
+        self._estimates = None
 
-    def _calibrate_budgets(self, realised: list[list[float]], expected: list[list[float]]) -> None:
-        """Fold one predicting step's rows into each budget its tree held (`budget_realised`)."""
+    def _calibrate_budgets(self, realised: list[list[float]], predicted: list[float]) -> None:
+        """Fold one predicting step's rows (what each budget's tree would have committed, and the mean over the
+        rows of what each predicted) into each budget its tree held (`budget_realised`, `gain_realised`)."""
         self._told_smaller = True
-        columns = zip(zip(*realised, strict=True), zip(*expected, strict=True), strict=True)
-        for budget, (would, predicted) in zip(self.drafting, columns, strict=True):
+        below_realised, below_predicted = 1.0, 1.0  # the next smaller budget's, on this step
+        for budget, would, told in zip(self.drafting, zip(*realised, strict=True), predicted, strict=True):
             if math.isnan(would[0]):  # above the step's tree (every row's tree has the step's size)
-                continue
+                break
+            would_mean = sum(would) / len(would)
             count = self.budget_calibrations[budget] = self.budget_calibrations[budget] + 1
             self.calibrated_at[budget] = self.predictions
-            self.budget_realised[budget] = running_mean(
-                self.budget_realised[budget], sum(would) / len(would) - 1, count
+            self.budget_realised[budget] = running_mean(self.budget_realised[budget], would_mean - 1, count)
+            self.budget_predicted[budget] = running_mean(self.budget_predicted[budget], told - 1, count)
+            self.gain_realised[budget] = running_mean(
+                self.gain_realised[budget], would_mean - below_realised, count
             )
-            self.budget_predicted[budget] = running_mean(
-                self.budget_predicted[budget], sum(predicted) / len(predicted) - 1, count
+            self.gain_predicted[budget] = running_mean(
+                self.gain_predicted[budget], told - below_predicted, count
             )
+            below_realised, below_predicted = would_mean, told
 
     def refresh(self) -> None:
         """Recompute the corrections, the load and the rankings from the steps observed so far when next read."""
