@@ -213,3 +213,18 @@ def test_the_largest_budget_told_by_few_steps_is_rated_by_its_gain_not_by_their_
         gains.append(policy.estimate(64) - policy.estimate(32))
     assert min(gains) > 0
     assert statistics.fmean(abs(gain - true_gain) for gain in gains) < 0.2
+
+
+def test_server_info_counts_the_rankings_a_choice_waited_for():
+    """A choice for a running count ranked ahead (as the batch engine does while a step runs) makes none; one for
+    a count not ranked since the last refresh makes one, which /server_info counts apart."""
+    policy = gpu_policy()
+    calibrated(policy, MIN_SAMPLES, 64, WOULD, TREES)
+    policy.refresh()
+    policy.ranking(1)
+    policy.choose(1)
+    policy.choose(1)
+    policy.choose(8)
+    described = policy.describe()
+    assert described["rankings_made_at_choice"] == 1
+    assert described["rankings_made"] == 2 and described["choices"] == 3

@@ -323,6 +323,8 @@ class BudgetPolicy:
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, Windows], list[int]] = {}  # (running, windows) -> ranking
+        # rankings made by `choose` itself (none was made ahead for its running count and windows), and in all
+        self.rankings_at_choice, self.rankings = 0, 0
         self._seconds_cache: dict[tuple[int, int, Windows], float] = {}  # (running, budget, windows) -> s
         self._overhead_cache: dict[
             tuple[int | None, int | None], float
@@ -502,6 +504,7 @@ class BudgetPolicy:
         key = (running, windows)
         ranked = self._ranking_cache.get(key)
         if ranked is None:
+            self.rankings += 1
             load, bucket = self.current_load(), self.cost.rows_bucket(running)
             rate = {
                 b: self.throughput(running, b, windows, load, self.overhead(b, bucket)) for b in self.budgets
@@ -514,6 +517,8 @@ class BudgetPolicy:
     def choose(self, running: int, windows: Windows = None) -> int:
         """The budget for a step of `running` requests, each budget's step reading its attention window in
         `windows`."""
+        if (running, windows) not in self._ranking_cache:
+            self.rankings_at_choice += 1
         ranked = self.ranking(running, windows)
         self.choices += 1
         choice = ranked[0]
@@ -753,4 +758,8 @@ class BudgetPolicy:
             # ms between a step of that budget and row bucket and the next step
             "overhead_ms_by_budget_and_rows": self._median_table(self.overheads_by, 1e3, 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
+            # rankings made at a choice (the step waits for them) and in all (the others while a step runs)
+            "rankings_made_at_choice": self.rankings_at_choice,
+            "rankings_made": self.rankings,
+            "choices": self.choices,
         }
