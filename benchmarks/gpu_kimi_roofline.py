@@ -12,7 +12,7 @@ roofline.
 Every stage runs in its own process under a time limit carved from the total, and writes its JSON as it
 goes, so a stage cut short keeps what it measured. Run from the repository root:
 
-    PYTHONPATH=src OUT=/some/dir python benchmarks/gpu_kimi_roofline.py [--commit HASH]
+    PYTHONPATH=src OUT=/some/dir python benchmarks/gpu_kimi_roofline.py [--commit HASH] [--shapes mla-moe-16b,kimi]
 """
 
 from __future__ import annotations
@@ -90,7 +90,12 @@ def main() -> None:
         "--commit", help="the specdeploy commit measured (default: git rev-parse --short HEAD)"
     )
     parser.add_argument("--skip-tests", action="store_true", help="measure only")
+    shapes = [shape for shape, _, _ in STAGES]
+    parser.add_argument("--shapes", default=",".join(shapes), help=f"some of {', '.join(shapes)}")
     args = parser.parse_args()
+    chosen = args.shapes.split(",")
+    if unknown := set(chosen) - set(shapes):
+        parser.error(f"unknown shapes {sorted(unknown)}: choose from {', '.join(shapes)}")
     if "OUT" not in os.environ:
         parser.error("set OUT to the directory for the results")
     out = Path(os.environ["OUT"])
@@ -118,6 +123,8 @@ def main() -> None:
         print(f"gpu tests: rc {code} in {seconds:.0f} s: {last}", flush=True)
         save()
     for shape, modes, cap in STAGES:
+        if shape not in chosen:
+            continue
         shape = kimi_shape() if shape == "kimi" else shape
         left = deadline - time.monotonic()
         if left < 30:
