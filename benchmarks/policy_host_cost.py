@@ -6,8 +6,8 @@ A `BudgetPolicy` over budgets 0-64 with a synthetic start-up cost (three windows
 added (a GPU's policy), warmed with drafting steps that predict and tell what every smaller tree would have
 committed (as the batch engine's do), then timed call by call: `choose` (a cached ranking), `observe` of a drafting
 step with every row's tree prediction, and with what its smaller trees would have committed, `observe_overhead`,
-and a refresh followed by a new ranking
-(every REFRESH_EVERY steps in the engine); then `StepRunner.step_windows`, which the batch engine calls before
+and a refresh followed by a new ranking (every REFRESH_EVERY steps in the engine), and by a second one where the
+largest budget's step reads the next attention window (what a choice then waits for); then `StepRunner.step_windows`, which the batch engine calls before
 each auto step, on tiny-code's runner with as many requests. Prints microseconds per call; the policy's decisions
 are not the point.
 """
@@ -80,6 +80,7 @@ def main() -> None:
         else:
             policy.observe(budget, [1] * rows, 6e-4, None, windows)
     told = realised(32)
+    crossing = (*windows[:-1], 1024)
     timings = {
         "choose": per_call_us(lambda: policy.choose(rows, windows), args.calls),
         "observe, a drafting step": per_call_us(
@@ -91,6 +92,11 @@ def main() -> None:
         "observe_overhead": per_call_us(lambda: policy.observe_overhead(5e-5), args.calls),
         "refresh, then a ranking": per_call_us(
             lambda: (policy.refresh(), policy.ranking(rows, windows)), args.calls
+        ),
+        # the largest budget's step reads the next window (its tree crosses into it first): a second ranking
+        "the same, and at a crossing": per_call_us(
+            lambda: (policy.refresh(), policy.ranking(rows, windows), policy.ranking(rows, crossing)),
+            args.calls,
         ),
     }
     timings.update(step_windows_us(rows, args.calls))

@@ -323,6 +323,9 @@ class BudgetPolicy:
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, Windows], list[int]] = {}  # (running, windows) -> ranking
+        self._rate_cache: dict[
+            tuple[int, int, int | None], float
+        ] = {}  # (running, budget, its window) -> rate
         # rankings made by `choose` itself (none was made ahead for its running count and windows), and in all
         self.rankings_at_choice, self.rankings = 0, 0
         self._seconds_cache: dict[tuple[int, int, Windows], float] = {}  # (running, budget, windows) -> s
@@ -505,14 +508,24 @@ class BudgetPolicy:
         ranked = self._ranking_cache.get(key)
         if ranked is None:
             self.rankings += 1
-            load, bucket = self.current_load(), self.cost.rows_bucket(running)
-            rate = {
-                b: self.throughput(running, b, windows, load, self.overhead(b, bucket)) for b in self.budgets
-            }
-            if 0 in rate:
-                rate[0] *= 1 + DRAFT_MARGIN
+            rate = {b: self._rate(running, b, windows) for b in self.budgets}
             ranked = self._ranking_cache[key] = sorted(self.budgets, key=rate.__getitem__, reverse=True)
         return ranked
+
+    def _rate(self, running: int, budget: int, windows: Windows) -> float:
+        """`ranking`'s rate of `budget`, kept until the next refresh by the window its step reads: when one
+        budget's tree crosses into the next window, a ranking recomputes that budget's alone."""
+        key = (running, budget, None if windows is None else windows[self._position[budget]])
+        rate = self._rate_cache.get(key)
+        if rate is None:
+            bucket = self.cost.rows_bucket(running)
+            rate = self.throughput(
+                running, budget, windows, self.current_load(), self.overhead(budget, bucket)
+            )
+            if budget == 0:
+                rate *= 1 + DRAFT_MARGIN
+            self._rate_cache[key] = rate
+        return rate
 
     def choose(self, running: int, windows: Windows = None) -> int:
         """The budget for a step of `running` requests, each budget's step reading its attention window in
@@ -700,6 +713,7 @@ class BudgetPolicy:
         self._corrections_cache.clear()
         self._load_cache = None
         self._ranking_cache.clear()
+        self._rate_cache.clear()
         self._seconds_cache.clear()
         self._overhead_cache.clear()
         self._accept_loss_cache.clear()
