@@ -194,11 +194,13 @@ def test_an_adaptive_budget_is_reported_per_request_and_in_server_info(
     assert 0 < loop["busy_share"] <= 1
     parts = loop["ms_per_iteration"]
     assert set(parts) == {
-        "prefill", "step", "policy", "policy_overlapped", "rest_of_iteration", "server_between_iterations"
+        "prefill", "step", "policy", "policy_windows", "policy_overlapped", "rest_of_iteration",
+        "server_between_iterations",
     }  # fmt: skip
     assert (
         parts["step"] > 0 and parts["prefill"] > 0 and parts["policy"] > 0 and parts["policy_overlapped"] > 0
     )
+    assert 0 < parts["policy_windows"] < parts["policy"]  # a part of the choice's time
     assert flushed["internal_states"][0]["engine_loop"]["iterations"] == 0  # /flush_cache restarts them
     # where a first token's wait went: every request was timed in the server, none since the flush
     latency = info["internal_states"][0]["server_latency"]

@@ -48,7 +48,7 @@ class LoopTimes:
     started: float = field(default_factory=time.perf_counter)
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
-            ("iterate", "prefill", "step", "policy", "policy_overlapped"), 0.0
+            ("iterate", "prefill", "step", "policy", "policy_windows", "policy_overlapped"), 0.0
         )
     )
 
@@ -64,6 +64,8 @@ class LoopTimes:
             "ms_per_iteration": {
                 **parts,
                 "rest_of_iteration": round(max(0.0, other), 4),
+                # of `policy`, the attention windows each budget's step would read (`StepRunner.step_windows`)
+                "policy_windows": round(per["policy_windows"], 4),
                 "policy_overlapped": round(per["policy_overlapped"], 4),
             },
         }
@@ -200,7 +202,9 @@ class BatchEngine:
             if self.policy is not None:
                 chosen_at = time.perf_counter()
                 windows = self.runner.step_windows(self.policy.budgets)  # what each budget's cost is read at
+                windows_at = time.perf_counter()
                 budget = self.policy.choose(len(self.running), windows)
+                self.loop.seconds["policy_windows"] += windows_at - chosen_at
                 self.loop.seconds["policy"] += time.perf_counter() - chosen_at
             events += self._step(budget, windows, prefill_seconds)
         self._drop_finished()
