@@ -7,9 +7,9 @@ added (a GPU's policy), warmed with drafting steps that predict and tell what ev
 committed (as the batch engine's do), then timed call by call: `choose` (a cached ranking), `observe` of a drafting
 step with every row's tree prediction, and with what its smaller trees would have committed, `observe_overhead`,
 and a refresh followed by a new ranking (every REFRESH_EVERY steps in the engine), and by a second one where the
-largest budget's step reads the next attention window (what a choice then waits for); then `StepRunner.step_windows`, which the batch engine calls before
-each auto step, on tiny-code's runner with as many requests. Prints microseconds per call; the policy's decisions
-are not the point.
+largest budget's step reads the next attention window (what a choice then waits for); then
+`StepRunner.step_windows`, which the batch engine calls before each auto step, on tiny-code's runner with as many
+requests. Prints microseconds per call; the policy's decisions are not the point.
 """
 
 from __future__ import annotations

@@ -528,9 +528,9 @@ class BudgetPolicy:
     def choose(self, running: int, windows: Windows = None) -> int:
         """The budget for a step of `running` requests, each budget's step reading its attention window in
         `windows`."""
-        if (running, windows) not in self._ranking_cache:
-            self.rankings_at_choice += 1
+        made = self.rankings
         ranked = self.ranking(running, windows)
+        self.rankings_at_choice += self.rankings - made
         self.choices += 1
         choice = ranked[0]
         # with `load_adds` no budget's cost is measured apart: only AR steps, which predict nothing, are broken
