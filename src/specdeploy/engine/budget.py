@@ -322,10 +322,14 @@ class BudgetPolicy:
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, Windows], list[int]] = {}  # (running, windows) -> ranking
+        # running -> (the refresh it was made after, the ranking made last for that count at whatever windows)
+        self._latest_ranking: dict[int, tuple[int, list[int]]] = {}
+        self._refreshes = 0
         # (running, budget, the window its step reads) -> its rate in `ranking`
         self._rate_cache: dict[tuple[int, int, int | None], float] = {}
-        # rankings made by `choose` itself (none was made ahead for its running count and windows), and in all
-        self.rankings_at_choice, self.rankings = 0, 0
+        # rankings made by `choose` itself (none had been made for its running count), and in all; choices that
+        # took the count's latest ranking, made at other windows
+        self.rankings_at_choice, self.rankings, self.choices_at_earlier_windows = 0, 0, 0
         self._seconds_cache: dict[tuple[int, int, Windows], float] = {}  # (running, budget, windows) -> s
         self._overhead_cache: dict[
             tuple[int | None, int | None], float
@@ -508,6 +512,7 @@ class BudgetPolicy:
             self.rankings += 1
             rate = {b: self._rate(running, b, windows) for b in self.budgets}
             ranked = self._ranking_cache[key] = sorted(self.budgets, key=rate.__getitem__, reverse=True)
+            self._latest_ranking[running] = (self._refreshes, ranked)
         return ranked
 
     def _rate(self, running: int, budget: int, windows: Windows) -> float:
@@ -527,10 +532,19 @@ class BudgetPolicy:
 
     def choose(self, running: int, windows: Windows = None) -> int:
         """The budget for a step of `running` requests, each budget's step reading its attention window in
-        `windows`."""
-        made = self.rankings
-        ranked = self.ranking(running, windows)
-        self.rankings_at_choice += self.rankings - made
+        `windows`. Without a ranking for them since the last refresh, the latest one for `running` if made since
+        the refresh before, at the windows of an earlier step: the batch engine ranks a step's own windows while
+        it runs, so the next choice finds them ranked unless a row's tree crossed into another window, and a
+        choice that made the ranking would delay its step (0.017 ms of a 0.53 ms iteration on an H100, one
+        choice in ten waiting)."""
+        ranked = self._ranking_cache.get((running, windows))
+        if ranked is None:
+            made_after, ranked = self._latest_ranking.get(running, (-2, None))
+            if ranked is None or made_after < self._refreshes - 1:
+                ranked = self.ranking(running, windows)
+                self.rankings_at_choice += 1
+            else:
+                self.choices_at_earlier_windows += 1
         self.choices += 1
         choice = ranked[0]
         # with `load_adds` no budget's cost is measured apart: only AR steps, which predict nothing, are broken
@@ -711,6 +725,7 @@ class BudgetPolicy:
         self._corrections_cache.clear()
         self._load_cache = None
         self._ranking_cache.clear()
+        self._refreshes += 1
         self._rate_cache.clear()
         self._seconds_cache.clear()
         self._overhead_cache.clear()
@@ -770,8 +785,10 @@ class BudgetPolicy:
             # ms between a step of that budget and row bucket and the next step
             "overhead_ms_by_budget_and_rows": self._median_table(self.overheads_by, 1e3, 3),
             "chosen_by_running": dict(sorted(self.last_choice.items())),
-            # rankings made at a choice (the step waits for them) and in all (the others while a step runs)
+            # rankings made at a choice (the step waits for them) and in all (the others while a step runs), and
+            # the choices that read their running count's ranking made at an earlier step's windows
             "rankings_made_at_choice": self.rankings_at_choice,
+            "choices_at_earlier_windows": self.choices_at_earlier_windows,
             "rankings_made": self.rankings,
             "choices": self.choices,
         }
