@@ -315,6 +315,47 @@ def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(
                     assert_same_routing(got, router(x))
 
 
+@pytest.mark.parametrize(
+    ("experts", "k", "hidden"), [(384, 8, 7168), (64, 6, 2048)], ids=["kimi", "mla-moe-16b"]
+)
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_the_norm_made_in_the_routers_kernel_equals_the_norm_then_the_router(
+    experts, k, hidden, zero_centered
+):
+    """`triton_moe.norm_route` in bf16, captured in a CUDA graph and replayed for new tokens (1 and 16 at a
+    time): x + residual as the norm's kernel sums it, the normed tokens within one bf16 rounding of its (the two
+    sum the squares in other orders), and the router's experts and weights for those normed tokens."""
+    from specdeploy.engine import triton_moe
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(hidden)
+    config = {"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden, "n_group": 1,
+              "topk_group": 1, "routed_scaling_factor": 2.827}  # fmt: skip
+    with torch.device("cuda"), torch.no_grad():
+        router = GroupLimitedRouter(config)
+        router.weight.normal_(0.0, hidden**-0.5, generator=gen)
+        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        weight = (0.1 * torch.randn(hidden, generator=gen) + (0.0 if zero_centered else 1.0)).bfloat16()
+        for tokens in (1, 16):
+            x, residual = (torch.randn(tokens, hidden, generator=gen).bfloat16() for _ in range(2))
+            args = (residual, (weight, 1e-6, zero_centered), router.weight, router.e_score_correction_bias, k,
+                    True, 2.827)  # fmt: skip
+            triton_moe.norm_route(x, *args)  # eager first: compiles, allocates the done-counts
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                *routing, normed, total = triton_moe.norm_route(x, *args)
+            for _ in range(3):
+                x.copy_(torch.randn(tokens, hidden, generator=gen))
+                residual.copy_(torch.randn(tokens, hidden, generator=gen))
+                graph.replay()
+                want_normed, want_total = triton().rms_norm(x, weight, 1e-6, residual, zero_centered)
+                assert torch.equal(total, want_total)
+                torch.testing.assert_close(normed, want_normed, atol=0, rtol=2**-7)
+                with torch_paths():
+                    assert_same_routing(tuple(routing), router(normed))
+
+
 @pytest.mark.parametrize(("tokens", "window"), [(1, 640), (4, 640), (65, 1024), (257, 768)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mla_attention_with_the_value_up_projection_equals_sdpa_and_einsum(tokens, window, dtype):

@@ -15,8 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHECKS = textwrap.dedent(
-    """
+PREAMBLE = """
     import copy
     import sys
     import torch
@@ -31,6 +30,10 @@ CHECKS = textwrap.dedent(
     def close(a, b):
         assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+"""
+
+# the kernels of attention, MoE, MLA and the projections
+KERNEL_CHECKS = """
 
     for zero_centered in (False, True):
         x, r, w = torch.randn(3, 5, 96), torch.randn(3, 5, 96), 1 + 0.1 * torch.randn(96)
@@ -322,11 +325,37 @@ CHECKS = textwrap.dedent(
             assert torch.equal(got, want), (experts, got, want)
             close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
             assert not any(counts.any() for counts in triton_moe._done_counts[x.device])
+    # RMSNorm(x + residual) made in the router's kernel: the routing, the normed tokens and the sum equal the norm's
+    # torch version then the router's (the standard and the zero-centred norm; one reduction tile and three)
+    from specdeploy.engine.triton_moe import norm_route
+
+    for experts, k, tokens, hidden, zero_centered in ((8, 2, 3, 16, False), (64, 6, 1, 4100, True)):
+        router = GroupLimitedRouter({"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden,
+                                     "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5})
+        router.weight.data.normal_(0, hidden**-0.5)
+        router.e_score_correction_bias.normal_(0, 0.1)
+        x, residual = torch.randn(tokens, hidden), torch.randn(tokens, hidden)
+        norm_weight = 0.1 * torch.randn(hidden) + (0.0 if zero_centered else 1.0)
+        with torch.no_grad():
+            want_normed, want_sum = ops.torch_rms_norm(x, norm_weight, 1e-6, residual, zero_centered)
+            want_weights, want = router(want_normed)
+            got_weights, got, got_normed, got_sum = norm_route(
+                x, residual, (norm_weight, 1e-6, zero_centered), router.weight, router.e_score_correction_bias,
+                k, True, 2.5)
+        close(got_normed, want_normed)
+        close(got_sum, want_sum)
+        (want, want_order), (got, got_order) = want.sort(dim=1), got.sort(dim=1)
+        assert torch.equal(got, want), (experts, got, want)
+        close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+        assert not any(counts.any() for counts in triton_moe._done_counts[x.device])
     # more tokens than the counters held: larger ones are added and the first stay (a CUDA graph may use them)
     first = triton_moe.done_counts(x.device, 1)
     assert triton_moe.done_counts(x.device, first.numel() + 1) is not first
     assert triton_moe._done_counts[x.device][0] is first
+"""
 
+# the Gated DeltaNet kernels
+GDN_CHECKS = """
     # Gated DeltaNet over draft trees: every token along its own root path, then the accepted path replayed
     import random
     from specdeploy.engine import triton_gdn
@@ -455,17 +484,22 @@ CHECKS = textwrap.dedent(
                             for a, b in ((0, 6), (6, 8))] + [cache.recurrent.state, cache.recurrent.conv]
     for got, want in zip(results[triton_gdn], results[None]):
         close(got, want)
-    print("ok")
-    """
-)
+"""
 
 
 def test_triton_kernels_equal_their_torch_versions_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    # the two groups of checks at once, a process each: the interpreter is slow, and a CI machine has two cores
+    running = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(PREAMBLE + checks + '    print("ok")\n')], cwd=ROOT, env=env,
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for checks in (KERNEL_CHECKS, GDN_CHECKS)
+    ]  # fmt: skip
+    for process in running:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0 and out.strip().endswith("ok"), err[-3000:]
 
 
 STEP_CHECKS = textwrap.dedent(

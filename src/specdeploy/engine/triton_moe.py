@@ -25,7 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from specdeploy.engine.triton_gemv import GemvTiles, _gemv_tile, _gemv_tile_waiting, _two_gemv_tiles_waiting
+from specdeploy.engine.triton_gemv import (
+    GemvTiles,
+    _gemv_tile,
+    _gemv_tile_waiting,
+    _normed_tile,
+    _two_gemv_tiles_waiting,
+)
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
 from specdeploy.engine.triton_rounding import rounded, rounded_silu
 
@@ -233,22 +239,46 @@ def _down_gemv_kernel(
     indices_ptr,  # [k] the token's routed experts
     weight_ptr,  # [k] their routing weights
     out_ptr,  # [1, H] the token's MoE output
-    top_k, hidden, inter, shared_inter, stride_we, stride_act,
-    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    hidden, inter, shared_inter, stride_we, stride_act,
+    TOP_K: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, ONE_TILE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
     if SHARED:  # first, its first tile loaded before the wait (no kernel writes it); added last, as ever
-        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
+        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + TOP_K * stride_act,
                                     BLOCK_N, BLOCK_K)  # fmt: skip
     else:
         dependent_launch()
+    # every pair's expert and weight in one load, so that no pair's weight tile waits on a load of its index
+    slot = tl.arange(0, K)
+    experts = tl.load(indices_ptr + slot, mask=slot < TOP_K, other=0)
+    gates = tl.load(weight_ptr + slot, mask=slot < TOP_K, other=0.0).to(tl.float32)
     total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
-    for pair in range(0, top_k):
-        w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
-        expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
-        total += rounded(rounded(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
+    # inter <= BLOCK_K: one tile a pair, the next pair's loaded before this one's is summed (two in flight)
+    if ONE_TILE:
+        kk = tl.arange(0, BLOCK_K)
+        k_ok = kk < inter
+        mask = col_ok[:, None] & k_ok[None, :]
+        rows = col[:, None].to(tl.int64) * inter + kk[None, :]
+        ahead = tl.load(
+            w2_ptr + tl.sum(tl.where(slot == 0, experts, 0)) * stride_we + rows, mask=mask, other=0.0
+        )
+        for pair in tl.static_range(TOP_K):
+            tile = ahead
+            if pair + 1 < TOP_K:
+                following = tl.sum(tl.where(slot == pair + 1, experts, 0))
+                ahead = tl.load(w2_ptr + following * stride_we + rows, mask=mask, other=0.0)
+            v = tl.load(act_ptr + pair * stride_act + kk, mask=k_ok, other=0.0).to(tl.float32)
+            expert = tl.sum(tile.to(tl.float32) * v[None, :], axis=1)
+            gate = tl.sum(tl.where(slot == pair, gates, 0.0))
+            total += rounded(rounded(expert, dtype) * gate, dtype)
+    else:
+        for pair in tl.static_range(TOP_K):
+            w = w2_ptr + tl.sum(tl.where(slot == pair, experts, 0)) * stride_we
+            expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
+            total += rounded(rounded(expert, dtype) * tl.sum(tl.where(slot == pair, gates, 0.0)), dtype)
     if SHARED:  # weight 1
         total += rounded(shared, dtype)
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
@@ -459,10 +489,10 @@ def _one_token_moe(
     )  # fmt: skip
     out = torch.empty_like(x)
     _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
-        act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
+        act, w2, shared2, indices, weights.contiguous(), out, hidden, inter, shared_inter, w2.stride(0),
         act.stride(0),
-        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
-        num_stages=down.stages,
+        TOP_K=top_k, K=triton.next_power_of_2(top_k), SHARED=has_shared, ONE_TILE=inter <= down.block_k,
+        BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps, num_stages=down.stages,
         **launch_options(),
     )  # fmt: skip
     return out
@@ -506,21 +536,50 @@ def _sigmoid_top_k_kernel(
 
 @triton.jit
 def _route_kernel(
-    x_ptr,  # [N, H] tokens (model dtype)
+    x_ptr,  # [N, H] tokens (model dtype); with NORM a layer's output, normed here with the residual stream
+    res_ptr, norm_ptr,  # with NORM: [N, H] the residual stream before x, [H] the norm's weight
+    normed_ptr, sum_ptr,  # with NORM, out: [N, H] RMSNorm(x + residual) and x + residual (expert block 0 writes them)
     router_ptr,  # [E, H] float32 router weight
     bias_ptr, logits_ptr, weights_ptr, indices_ptr,
     count_ptr,  # [N] int32 zeros: programs done per token (the last one sets it back to 0)
-    experts, hidden, scale,
+    experts, hidden, scale, eps,
     TOP_K: tl.constexpr, E: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, ROW: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < experts
-    # waits for the kernel before once the router's first weights are loaded
-    logits = _gemv_tile_waiting(
-        router_ptr, hidden, e, e_ok, x_ptr + token.to(tl.int64) * hidden, BLOCK_E, BLOCK_K
-    )
+    row = token.to(tl.int64) * hidden
+    if NORM:  # each program makes the token's norm itself (`_norm_linear_row_kernel`'s roundings)
+        rows = router_ptr + e[:, None].to(tl.int64) * hidden
+        kk = tl.arange(0, BLOCK_K)
+        k_ok = kk < hidden
+        m = tl.load(rows + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        dependent_launch()
+        dtype = normed_ptr.dtype.element_ty
+        d = tl.arange(0, ROW)
+        d_ok = d < hidden
+        total = rounded(
+            tl.load(x_ptr + row + d, mask=d_ok, other=0.0).to(tl.float32)
+            + tl.load(res_ptr + row + d, mask=d_ok, other=0.0).to(tl.float32),
+            dtype,
+        )
+        rstd = tl.rsqrt(tl.sum(total * total, axis=0) / hidden + eps)
+        if tl.program_id(1) == 0:
+            tl.store(sum_ptr + row + d, total.to(dtype), mask=d_ok)
+            normed = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, d, d_ok, rstd, dtype, ZERO_CENTERED)
+            tl.store(normed_ptr + row + d, normed.to(dtype), mask=d_ok)
+        v = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
+        acc = m * v[None, :]
+        for k0 in range(BLOCK_K, hidden, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < hidden
+            v = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
+            m = tl.load(rows + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+            acc += m * v[None, :]
+        logits = tl.sum(acc, axis=1)
+    else:  # waits for the kernel before once the router's first weights are loaded
+        logits = _gemv_tile_waiting(router_ptr, hidden, e, e_ok, x_ptr + row, BLOCK_E, BLOCK_K)
     tl.store(logits_ptr + token * experts + e, logits, mask=e_ok)
     tl.debug_barrier()  # every thread's logits are written before the program counts itself done
     done = tl.atomic_add(count_ptr + token, 1, sem="acq_rel")
@@ -584,19 +643,58 @@ def route(
     """`sigmoid_top_k` of the float32 logits x [N, H] @ router[E, H].T in one kernel: each program computes
     `block_e` experts' logits (default ROUTE_BLOCK_E), and the last of a token's programs to finish picks its
     experts. In a CUDA graph the done-counts are the tensor allocated on the first (eager) call."""
+    return _route(x, None, router, bias, top_k, normalize, scale, block_e)[:2]
+
+
+def norm_route(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm: tuple[torch.Tensor, float, bool],
+    router: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`route` of RMSNorm(x + residual) (norm: its weight, in x's dtype, eps, zero-centred), the norm made in the
+    router's kernel with `ops.rms_norm`'s roundings: (weights, indices, the normed tokens, x + residual). One
+    kernel fewer than the norm's then the router's."""
+    return _route(x, (residual, *norm), router, bias, top_k, normalize, scale)
+
+
+def _route(
+    x: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float, bool] | None,
+    router: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    scale: float,
+    block_e: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, hidden = x.shape
     experts = router.shape[0]
     counts = done_counts(x.device, tokens)
     logits = torch.empty(tokens, experts, dtype=torch.float32, device=x.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
     indices = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
+    x = x.contiguous()
+    if norm is None:
+        residual, norm_weight, eps, zero_centered = x, x, 0.0, False
+        normed = total = x
+    else:
+        residual, norm_weight, eps, zero_centered = norm
+        residual = residual.reshape(x.shape).contiguous()
+        normed, total = torch.empty_like(x), torch.empty_like(x)
     block_e = block_e or ROUTE_BLOCK_E
     # up to 2048 router values a load: a program's loads are a chain of round trips to memory, so fewer is faster
     block_k = max(256, min(triton.next_power_of_2(hidden), 2048 // block_e))
     _route_kernel[(tokens, triton.cdiv(experts, block_e))](
-        x.contiguous(), router, bias, logits, weights, indices, counts, experts, hidden, scale,
+        x, residual, norm_weight, normed, total, router, bias, logits, weights, indices, counts, experts, hidden,
+        scale, eps,
         TOP_K=top_k, E=triton.next_power_of_2(experts), K=triton.next_power_of_2(top_k), NORMALIZE=normalize,
-        BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4,
+        BLOCK_E=block_e, BLOCK_K=block_k, NORM=norm is not None, ZERO_CENTERED=zero_centered,
+        ROW=triton.next_power_of_2(hidden), num_warps=4,
         **launch_options(),
     )  # fmt: skip
-    return weights, indices
+    return weights, indices, normed, total

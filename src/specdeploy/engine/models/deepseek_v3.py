@@ -145,10 +145,30 @@ class GroupLimitedRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, config["hidden_size"]))
         self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
 
+    def _one_kernel(self, x: torch.Tensor) -> bool:
+        """Whether the routing of x runs as one Triton kernel (no group limit: Kimi's one group)."""
+        return ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group
+
+    def norm_route(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(weights, indices, norm(x + residual), x + residual) of x [N, hidden] in one kernel, where the routing
+        takes one (`triton_moe.norm_route`) and the norm's weight is in x's dtype; None elsewhere."""
+        if not self._one_kernel(x) or norm.weight.dtype != x.dtype:
+            return None
+        from specdeploy.engine import triton_moe
+
+        if x.shape[0] > triton_moe.ROUTE_TOKENS:
+            return None
+        args = (self.e_score_correction_bias, self.top_k, self.norm_topk_prob, self.routed_scaling_factor)
+        return triton_moe.norm_route(
+            x, residual, (norm.weight, norm.eps, norm.zero_centered), self.weight, *args
+        )
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (weights float32 [N, top_k], expert indices [N, top_k])."""
         args = (self.e_score_correction_bias, self.top_k, self.norm_topk_prob, self.routed_scaling_factor)
-        one_kernel = ops.triton_kernels_for(x) is not None and self.topk_group >= self.n_group
+        one_kernel = self._one_kernel(x)
         if one_kernel:
             from specdeploy.engine import triton_moe
 
@@ -186,6 +206,18 @@ class DeepseekV3MoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         weights, indices = self.gate(flat)
         return self.experts(flat, weights, indices, self.shared_experts).view_as(x)
+
+    def normed_forward(
+        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(self(norm(x + residual)), x + residual) with the norm made in the router's kernel
+        (`GroupLimitedRouter.norm_route`: one launch fewer); None where that does not run."""
+        routed = self.gate.norm_route(x.reshape(-1, x.shape[-1]), residual, norm)
+        if routed is None:
+            return None
+        weights, indices, normed, total = routed
+        out = self.experts(normed, weights, indices, self.shared_experts)
+        return out.view_as(x), total.view_as(residual)
 
 
 class DeepseekV3ForCausalLM(TargetModel):

@@ -180,7 +180,13 @@ def normed_into(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(module(norm(x + residual), *args), x + residual). A module whose first step is one projection
     (`first_projection`, then `after_first_projection`) takes the norm inside that projection's kernel where
-    `ops.norm_linear` runs one (one row on a GPU, a weight `triton_gemv.fuses_row` takes): one launch fewer."""
+    `ops.norm_linear` runs one (one row on a GPU, a weight `triton_gemv.fuses_row` takes): one launch fewer; one
+    with a `normed_forward` (DeepSeek's MoE: the norm in its router's kernel) makes it itself where it can."""
+    normed_forward = getattr(module, "normed_forward", None)
+    if normed_forward is not None:
+        done = normed_forward(norm, x, residual, *args)
+        if done is not None:
+            return done
     projection = getattr(module, "first_projection", None)
     fused = None if projection is None else ops.norm_linear(x, residual, norm, projection)
     if fused is None:
