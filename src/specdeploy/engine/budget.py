@@ -65,9 +65,9 @@ different moments are still compared as if side by side; how it is learnt differ
   those the start-up cost rates far below AR wait, as above (a fiftieth of the throughput).
 
 The rankings behind a choice are recomputed every REFRESH_EVERY observed steps, not at each one (at each one
-they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in, and ranks
-the windows that step reads, while the next step runs; a choice at windows not yet ranked reads its running count's
-latest ranking rather than make one.
+they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in while
+the next step runs, and ranks the windows that next step reads; a choice at windows not yet ranked reads its running
+count's latest ranking rather than make one.
 """
 
 from __future__ import annotations
