@@ -797,12 +797,14 @@ def test_the_step_cost_is_read_at_the_steps_attention_window():
     def at(window: int) -> tuple[int, ...]:
         return (window,) * len(budgets)
 
+    # the ranking at each window: what the batch engine makes for a step's windows, and the next choice reads
     for window in (64, 512, 2048, 4096):
         best = max(budgets, key=lambda b: accept[b] / seconds(8, b, window))
-        assert policy.choose(8, at(window)) == best, window
+        assert policy.ranking(8, at(window))[0] == best, window
     assert (
-        policy.choose(8, at(64)) == 16 and policy.choose(8, at(4096)) == 0
+        policy.ranking(8, at(64))[0] == 16 and policy.ranking(8, at(4096))[0] == 0
     )  # the trap a single window falls into
+    assert policy.choose(8, at(4096)) == 0
 
 
 def test_each_budget_s_cost_is_read_at_the_window_its_own_step_reads():
@@ -821,8 +823,8 @@ def test_each_budget_s_cost_is_read_at_the_window_its_own_step_reads():
     )
     for _ in range(3):  # trees that predict what is realised
         policy.observe(16, [3] * 8, expected=[[accept[16], accept[64]]] * 8)
-    assert policy.choose(8, (512, 512)) == 64  # both steps fit the smaller window: the larger tree wins
-    assert policy.choose(8, (512, 1024)) == 16  # only 64's verify reaches the larger one
+    assert policy.ranking(8, (512, 512))[0] == 64  # both steps fit the smaller window: the larger tree wins
+    assert policy.ranking(8, (512, 1024))[0] == 16  # only 64's verify reaches the larger one
 
 
 def test_a_runner_gives_each_budget_the_window_its_step_reads(pairs):

@@ -232,9 +232,9 @@ def test_server_info_counts_the_rankings_a_choice_waited_for():
 
 def test_a_choice_at_new_windows_reads_the_latest_ranking_of_its_count_and_waits_for_none():
     """Windows not ranked since the refresh: the choice takes its running count's ranking made at other windows
-    since the refresh before (the batch engine ranks the step's own windows while it runs), and makes one only
-    when that is older. The windows are a start-up cost where 64's tree crossing into the next window makes it
-    the slowest, so a ranking made at a choice would pick another budget."""
+    since the refresh (the batch engine ranks each step's windows while it runs), and makes one only when none
+    was. The windows are a start-up cost where 64's tree crossing into the next window makes it the slowest, so
+    a ranking made at a choice would pick another budget."""
     crossing = {0: 0.25e-3, 16: 0.44e-3, 32: 0.445e-3, 64: 0.481e-3}
     cost = step_cost(
         lambda rows, b, w: crossing[b] * (3 if w == 512 and b == 64 else 1),
@@ -244,15 +244,17 @@ def test_a_choice_at_new_windows_reads_the_latest_ranking_of_its_count_and_waits
     )
     policy = BudgetPolicy(list(crossing), cost, explore_every=1000, load_adds=True)
     calibrated(policy, MIN_SAMPLES, 64, WOULD, TREES)
-    same, crossed = (256, 256, 256, 256), (256, 256, 256, 512)
+    same, crossed, other = (
+        (256, 256, 256, 256),
+        (256, 256, 256, 512),
+        (256, 512, 256, 256),
+    )  # 64's window last
     policy.refresh()
     assert policy.ranking(1, same)[0] == 64
     assert policy.choose(1, crossed) == 64  # the ranking at `same`, one step old
     assert policy.rankings_at_choice == 0 and policy.choices_at_earlier_windows == 1
     assert policy.ranking(1, crossed)[0] != 64  # what the engine ranks while that step runs
+    assert policy.choose(1, other) != 64  # the ranking at `crossed`, the latest
     policy.refresh()
-    assert policy.choose(1, same) != 64  # the ranking at `crossed`, made since the refresh before
-    policy.refresh()
-    policy.refresh()
-    assert policy.choose(1, same) == 64  # older: ranked at the choice
+    assert policy.choose(1, other) == 64  # that one was made before the refresh: ranked at the choice
     assert policy.rankings_at_choice == 1 and policy.choices_at_earlier_windows == 2

@@ -323,7 +323,7 @@ class BudgetPolicy:
         self._corrections_cache: dict[int, dict[int, float]] = {}  # row bucket -> budget -> correction
         self._load_cache: float | None = None  # load(), until the next refresh
         self._ranking_cache: dict[tuple[int, Windows], list[int]] = {}  # (running, windows) -> ranking
-        # running -> (the refresh it was made after, the ranking made last for that count at whatever windows)
+        # running -> (the refreshes before it, the ranking made last for that count at whatever windows)
         self._latest_ranking: dict[int, tuple[int, list[int]]] = {}
         self._refreshes = 0
         # (running, budget, the window its step reads) -> its rate in `ranking`
@@ -533,15 +533,14 @@ class BudgetPolicy:
 
     def choose(self, running: int, windows: Windows = None) -> int:
         """The budget for a step of `running` requests, each budget's step reading its attention window in
-        `windows`. Without a ranking for them since the last refresh, the latest one for `running` if made since
-        the refresh before, at the windows of an earlier step: the batch engine ranks a step's own windows while
-        it runs, so the next choice finds them ranked unless a row's tree crossed into another window, and a
-        choice that made the ranking would delay its step (0.017 ms of a 0.53 ms iteration on an H100, one
-        choice in ten waiting)."""
+        `windows`. Without a ranking for them since the last refresh, one made since then for `running` at other
+        windows, an earlier step's: the batch engine ranks the windows of each step while it runs, so the next
+        choice finds its own ranked unless a row's tree crossed into another window, and a choice that made the
+        ranking would delay its step (0.017 ms of a 0.53 ms iteration on an H100, one choice in ten waiting)."""
         ranked = self._ranking_cache.get((running, windows))
         if ranked is None:
-            made_after, ranked = self._latest_ranking.get(running, (-2, None))
-            if ranked is None or made_after < self._refreshes - 1:
+            made_after, ranked = self._latest_ranking.get(running, (-1, None))
+            if made_after != self._refreshes:
                 ranked = self.ranking(running, windows)
                 self.rankings_at_choice += 1
             else:
