@@ -239,46 +239,22 @@ def _down_gemv_kernel(
     indices_ptr,  # [k] the token's routed experts
     weight_ptr,  # [k] their routing weights
     out_ptr,  # [1, H] the token's MoE output
-    hidden, inter, shared_inter, stride_we, stride_act,
-    TOP_K: tl.constexpr, K: tl.constexpr, SHARED: tl.constexpr, ONE_TILE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    top_k, hidden, inter, shared_inter, stride_we, stride_act,
+    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
     dtype = out_ptr.dtype.element_ty
     if SHARED:  # first, its first tile loaded before the wait (no kernel writes it); added last, as ever
-        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + TOP_K * stride_act,
+        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
                                     BLOCK_N, BLOCK_K)  # fmt: skip
     else:
         dependent_launch()
-    # every pair's expert and weight in one load, so that no pair's weight tile waits on a load of its index
-    slot = tl.arange(0, K)
-    experts = tl.load(indices_ptr + slot, mask=slot < TOP_K, other=0)
-    gates = tl.load(weight_ptr + slot, mask=slot < TOP_K, other=0.0).to(tl.float32)
     total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
-    # inter <= BLOCK_K: one tile a pair, the next pair's loaded before this one's is summed (two in flight)
-    if ONE_TILE:
-        kk = tl.arange(0, BLOCK_K)
-        k_ok = kk < inter
-        mask = col_ok[:, None] & k_ok[None, :]
-        rows = col[:, None].to(tl.int64) * inter + kk[None, :]
-        ahead = tl.load(
-            w2_ptr + tl.sum(tl.where(slot == 0, experts, 0)) * stride_we + rows, mask=mask, other=0.0
-        )
-        for pair in tl.static_range(TOP_K):
-            tile = ahead
-            if pair + 1 < TOP_K:
-                following = tl.sum(tl.where(slot == pair + 1, experts, 0))
-                ahead = tl.load(w2_ptr + following * stride_we + rows, mask=mask, other=0.0)
-            v = tl.load(act_ptr + pair * stride_act + kk, mask=k_ok, other=0.0).to(tl.float32)
-            expert = tl.sum(tile.to(tl.float32) * v[None, :], axis=1)
-            gate = tl.sum(tl.where(slot == pair, gates, 0.0))
-            total += rounded(rounded(expert, dtype) * gate, dtype)
-    else:
-        for pair in tl.static_range(TOP_K):
-            w = w2_ptr + tl.sum(tl.where(slot == pair, experts, 0)) * stride_we
-            expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
-            total += rounded(rounded(expert, dtype) * tl.sum(tl.where(slot == pair, gates, 0.0)), dtype)
+    for pair in range(0, top_k):
+        w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
+        expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
+        total += rounded(rounded(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
     if SHARED:  # weight 1
         total += rounded(shared, dtype)
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
@@ -489,10 +465,10 @@ def _one_token_moe(
     )  # fmt: skip
     out = torch.empty_like(x)
     _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
-        act, w2, shared2, indices, weights.contiguous(), out, hidden, inter, shared_inter, w2.stride(0),
+        act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
         act.stride(0),
-        TOP_K=top_k, K=triton.next_power_of_2(top_k), SHARED=has_shared, ONE_TILE=inter <= down.block_k,
-        BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps, num_stages=down.stages,
+        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
+        num_stages=down.stages,
         **launch_options(),
     )  # fmt: skip
     return out
