@@ -843,6 +843,14 @@ def test_a_runner_gives_each_budget_the_window_its_step_reads(pairs):
     reaches = [1, block, block, 17, 65]  # budgets 0 (an AR step), 1, 3 (within the block), 16, 64
     assert runner.step_windows([0, 1, 3, 16, 64]) == tuple(runner.window(used + r) for r in reaches)
     assert runner.step_windows([0, 64]) == (64, 128)
+    # kept while the longest prefix grows within every window, read again once it crosses one or falls (a long
+    # request left): every prefix of a walk up and back down gives the windows read afresh
+    longest = max(runner.running, key=lambda row: row.prefix)
+    for prefix in [*range(used, 200, 7), 90, 91, 40, 130]:
+        longest.prefix = prefix
+        assert runner.step_windows([0, 1, 3, 16, 64]) == tuple(runner.window(prefix + r) for r in reaches), (
+            prefix
+        )
 
 
 def test_a_load_that_changes_while_one_budget_runs_does_not_make_the_others_look_cheap():

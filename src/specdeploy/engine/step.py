@@ -195,8 +195,8 @@ class StepRunner:
         # the last step's, if it predicted: host copies of its trees' node scores, accepted paths and lengths,
         # from which `tree.realised_accept_lengths` tells what each smaller budget would have committed
         self.walked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        # budgets -> (slots each one's step reads past the prefix, the fewest, the most): `step_windows`
-        self._reaches: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
+        # budgets -> (the longest prefix they were read at, the prefix from which they change, `step_windows`)
+        self._windows_held: dict[tuple[int, ...], tuple[int, int, tuple[int, ...]]] = {}
         self._allocate()
 
     @property
@@ -458,19 +458,20 @@ class StepRunner:
     def step_windows(self, budgets: list[int]) -> tuple[int, ...]:
         """The attention window the next step reads at each of `budgets`: its verify's (the longest running
         row's prefix and its tree) or its drafter pass's, the larger. A dead step at that window costs what the
-        step costs; a large tree's verify crosses into a larger window before the drafter's block does."""
+        step costs; a large tree's verify crosses into a larger window before the drafter's block does. Kept
+        while the longest prefix grows within every window (the batch engine asks before each auto step)."""
         used = max(row.prefix for row in self.running)
         key = tuple(budgets)
-        reaches = self._reaches.get(key)
-        if reaches is None:  # slots past the prefix each budget's step reads, its smallest and its largest
-            sizes = [self.tree_size(budget) for budget in budgets]
-            each = [max(self.block if n > 0 else 1, n + 1) for n in sizes]
-            reaches = self._reaches[key] = (each, min(each), max(each))
-        each, low, high = reaches
-        window = self.window(used + low)
-        if window == self.window(used + high):  # on a GPU most steps: every budget's step reads one window
-            return (window,) * len(each)
-        return tuple(self.window(used + reach) for reach in each)
+        held = self._windows_held.get(key)
+        if held is not None and held[0] <= used < held[1]:
+            return held[2]
+        # slots past the prefix each budget's step reads
+        reaches = [max(self.block if n > 0 else 1, n + 1) for n in map(self.tree_size, budgets)]
+        windows = tuple(self.window(used + reach) for reach in reaches)
+        # a window holds while prefix + reach stays within it: windows only grow with the slots used
+        until = min(window - reach + 1 for window, reach in zip(windows, reaches, strict=True))
+        self._windows_held[key] = (used, until, windows)
+        return windows
 
     def window(self, used: int) -> int:
         """Attention window (cache slots) for `used` slots: few distinct sizes on a GPU, one graph each."""
