@@ -502,6 +502,46 @@ def test_triton_kernels_equal_their_torch_versions_under_the_interpreter() -> No
         assert process.returncode == 0 and out.strip().endswith("ok"), err[-3000:]
 
 
+LAYER_CHECKS = textwrap.dedent(
+    """
+    import sys
+    import tempfile
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, "tests")
+    from decode_helpers import write_pair
+    from specdeploy.engine.loading import load_target
+    from specdeploy.engine.models.layers import normed_into
+
+    target = load_target(write_pair(Path(tempfile.mkdtemp()), "kimi")[0])
+    for layer in target.layers[1:]:  # the first is dense
+        norm, moe = layer.post_attention_layernorm, layer.mlp
+        for tokens in (1, 3):
+            x, residual = torch.randn(2, tokens, norm.weight.numel()), torch.randn(2, tokens, norm.weight.numel())
+            with torch.no_grad():  # the router's kernel, interpreted
+                assert moe.normed_forward(norm, x, residual) is not None
+                got, got_sum = normed_into(norm, x, residual, moe)
+            with torch.enable_grad():  # autograd on: every op's torch version
+                normed, want_sum = norm(x, residual)
+                want = moe(normed)
+            torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
+            assert torch.equal(got_sum, want_sum.detach())
+    print("ok")
+    """
+)
+
+
+def test_a_kimi_moe_layer_with_the_norm_in_its_routers_kernel_equals_its_torch_version() -> None:
+    """`normed_into` of a Kimi MoE layer (no group limit) on CPU tensors through the CUDA path's kernels,
+    interpreted (`SPECDEPLOY_TRITON=interpret`): the post-attention norm made in the router's kernel, then the
+    experts; the same output and residual sum as the norm's and the MoE's torch versions, for 1 and 3 tokens."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SPECDEPLOY_TRITON": "interpret"}
+    done = subprocess.run(
+        [sys.executable, "-c", LAYER_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 STEP_CHECKS = textwrap.dedent(
     """
     import sys
