@@ -283,6 +283,18 @@ def test_one_token_moe_equals_the_grouped_gemm(experts, k, hidden, inter, tiles,
     assert ours <= 1.5 * theirs + 1e-3, (ours.item(), theirs.item())
 
 
+def one_group_router(experts: int, k: int, hidden: int, gen: torch.Generator):
+    """DeepSeek-V3's router without group limits (Kimi's), random weights from `gen`, on the current device."""
+    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
+
+    config = {"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden, "n_group": 1,
+              "topk_group": 1, "routed_scaling_factor": 2.827}  # fmt: skip
+    router = GroupLimitedRouter(config)
+    router.weight.normal_(0.0, hidden**-0.5, generator=gen)
+    router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+    return router
+
+
 @pytest.mark.parametrize(
     ("experts", "k", "hidden"), [(384, 8, 7168), (64, 6, 2048)], ids=["kimi", "mla-moe-16b"]
 )
@@ -291,16 +303,11 @@ def test_routing_in_one_kernel_replayed_from_a_cuda_graph_equals_the_router_ops(
     """`triton_moe.route` captured once in a CUDA graph and replayed for new tokens (1 and 16 at a time): the
     same experts and weights as the router's torch ops every time, so the done-counts went back to zero."""
     from specdeploy.engine import triton_moe
-    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch router's float32 product, exactly
     gen = torch.Generator(device="cuda").manual_seed(block_e)
-    config = {"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden, "n_group": 1,
-              "topk_group": 1, "routed_scaling_factor": 2.827}  # fmt: skip
     with torch.device("cuda"), torch.no_grad():
-        router = GroupLimitedRouter(config)
-        router.weight.normal_(0.0, hidden**-0.5, generator=gen)
-        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        router = one_group_router(experts, k, hidden, gen)
         for tokens in (1, 16):
             x = torch.randn(tokens, hidden, generator=gen).bfloat16()
             args = (router.e_score_correction_bias, k, True, 2.827, block_e)
@@ -326,16 +333,11 @@ def test_the_norm_made_in_the_routers_kernel_equals_the_norm_then_the_router(
     time): x + residual as the norm's kernel sums it, the normed tokens within one bf16 rounding of its (the two
     sum the squares in other orders), and the router's experts and weights for those normed tokens."""
     from specdeploy.engine import triton_moe
-    from specdeploy.engine.models.deepseek_v3 import GroupLimitedRouter
 
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(hidden)
-    config = {"n_routed_experts": experts, "num_experts_per_tok": k, "hidden_size": hidden, "n_group": 1,
-              "topk_group": 1, "routed_scaling_factor": 2.827}  # fmt: skip
     with torch.device("cuda"), torch.no_grad():
-        router = GroupLimitedRouter(config)
-        router.weight.normal_(0.0, hidden**-0.5, generator=gen)
-        router.e_score_correction_bias.normal_(0.0, 0.1, generator=gen)
+        router = one_group_router(experts, k, hidden, gen)
         weight = (0.1 * torch.randn(hidden, generator=gen) + (0.0 if zero_centered else 1.0)).bfloat16()
         for tokens in (1, 16):
             x, residual = (torch.randn(tokens, hidden, generator=gen).bfloat16() for _ in range(2))
