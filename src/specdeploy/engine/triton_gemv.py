@@ -139,6 +139,18 @@ def _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype: tl.constexpr, 
 
 
 @triton.jit
+def _residual_sum(x_ptr, res_ptr, d, d_ok, width, eps, dtype: tl.constexpr):
+    """x + residual at columns d (the whole row), rounded to `dtype` as `ops.rms_norm` keeps it, and the RMSNorm's
+    1 / sqrt(mean square + eps) of it."""
+    total = rounded(
+        tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        + tl.load(res_ptr + d, mask=d_ok, other=0.0).to(tl.float32),
+        dtype,
+    )
+    return total, tl.rsqrt(tl.sum(total * total, axis=0) / width + eps)
+
+
+@triton.jit
 def _norm_linear_row_kernel(
     x_ptr, res_ptr,  # [K] a layer's output and the residual stream before it
     norm_ptr,  # [K] the norm's weight
@@ -162,12 +174,7 @@ def _norm_linear_row_kernel(
     dtype = out_ptr.dtype.element_ty
     d = tl.arange(0, ROW)
     d_ok = d < in_features
-    total = rounded(
-        tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-        + tl.load(res_ptr + d, mask=d_ok, other=0.0).to(tl.float32),
-        dtype,
-    )
-    rstd = tl.rsqrt(tl.sum(total * total, axis=0) / in_features + eps)
+    total, rstd = _residual_sum(x_ptr, res_ptr, d, d_ok, in_features, eps, dtype)
     if tl.program_id(0) == 0:
         tl.store(sum_ptr + d, total.to(dtype), mask=d_ok)
     acc = (

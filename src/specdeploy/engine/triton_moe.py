@@ -30,6 +30,7 @@ from specdeploy.engine.triton_gemv import (
     _gemv_tile,
     _gemv_tile_waiting,
     _normed_tile,
+    _residual_sum,
     _two_gemv_tiles_waiting,
 )
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
@@ -535,12 +536,7 @@ def _route_kernel(
         dtype = normed_ptr.dtype.element_ty
         d = tl.arange(0, ROW)
         d_ok = d < hidden
-        total = rounded(
-            tl.load(x_ptr + row + d, mask=d_ok, other=0.0).to(tl.float32)
-            + tl.load(res_ptr + row + d, mask=d_ok, other=0.0).to(tl.float32),
-            dtype,
-        )
-        rstd = tl.rsqrt(tl.sum(total * total, axis=0) / hidden + eps)
+        total, rstd = _residual_sum(x_ptr + row, res_ptr + row, d, d_ok, hidden, eps, dtype)
         if tl.program_id(1) == 0:
             tl.store(sum_ptr + row + d, total.to(dtype), mask=d_ok)
             normed = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, d, d_ok, rstd, dtype, ZERO_CENTERED)
