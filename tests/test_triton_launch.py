@@ -26,7 +26,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "src" / "specdeploy" / "engine"
 # router's rows through `_gemv_tile_waiting`, MLA's kv_b_proj halves, one token's shared expert)
 WEIGHTS = {"w", "w_ptr", "router_ptr", "up_ptr", "shared13_ptr", "shared2_ptr"}
 # helpers that wait once they have loaded from their first arguments (as many as given here, which must then be weights)
-WAITING_HELPERS = {"_gemv_tile_waiting": 1, "_two_gemv_tiles_waiting": 2}
+WAITING_HELPERS = {"_gemv_tile_waiting": 1, "_two_gemv_tiles_waiting": 2, "_normed_gemv_tile_waiting": 1}
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:

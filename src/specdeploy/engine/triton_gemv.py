@@ -139,15 +139,38 @@ def _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype: tl.constexpr, 
 
 
 @triton.jit
-def _residual_sum(x_ptr, res_ptr, d, d_ok, width, eps, dtype: tl.constexpr):
-    """x + residual at columns d (the whole row), rounded to `dtype` as `ops.rms_norm` keeps it, and the RMSNorm's
-    1 / sqrt(mean square + eps) of it."""
+def _normed_gemv_tile_waiting(
+    w, row_width, col, col_ok, x_ptr, res_ptr, norm_ptr, eps,
+    dtype: tl.constexpr, ZERO_CENTERED: tl.constexpr, ROW: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`_gemv_tile_waiting` of RMSNorm(x + residual) (a row of `row_width`, ROW its power of two), the norm made as
+    the weights are read: the first weight tile loaded, the wait, the row's squares summed, then normalised tile by
+    tile with `ops.rms_norm`'s roundings. -> (the sums, x + residual over the row's ROW columns rounded to `dtype`
+    as the norm keeps it, and its 1 / sqrt(mean square + eps))."""
+    rows = w + col[:, None].to(tl.int64) * row_width
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < row_width
+    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    dependent_launch()
+    d = tl.arange(0, ROW)
+    d_ok = d < row_width
     total = rounded(
         tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
         + tl.load(res_ptr + d, mask=d_ok, other=0.0).to(tl.float32),
         dtype,
     )
-    return total, tl.rsqrt(tl.sum(total * total, axis=0) / width + eps)
+    rstd = tl.rsqrt(tl.sum(total * total, axis=0) / row_width + eps)
+    acc = (
+        m.to(tl.float32)
+        * _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)[None, :]
+    )
+    for k0 in range(BLOCK_K, row_width, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < row_width
+        v = _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
+        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += m.to(tl.float32) * v[None, :]
+    return tl.sum(acc, axis=1), total, rstd
 
 
 @triton.jit
@@ -166,28 +189,13 @@ def _norm_linear_row_kernel(
     row's squares itself, then normalises tile by tile, with `ops.rms_norm`'s roundings."""
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < out_features
-    rows = w_ptr + col[:, None].to(tl.int64) * in_features
-    kk = tl.arange(0, BLOCK_K)
-    k_ok = kk < in_features
-    m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    dependent_launch()
     dtype = out_ptr.dtype.element_ty
-    d = tl.arange(0, ROW)
-    d_ok = d < in_features
-    total, rstd = _residual_sum(x_ptr, res_ptr, d, d_ok, in_features, eps, dtype)
-    if tl.program_id(0) == 0:
-        tl.store(sum_ptr + d, total.to(dtype), mask=d_ok)
-    acc = (
-        m.to(tl.float32)
-        * _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)[None, :]
+    out, total, _ = _normed_gemv_tile_waiting(
+        w_ptr, in_features, col, col_ok, x_ptr, res_ptr, norm_ptr, eps, dtype, ZERO_CENTERED, ROW, BLOCK_K
     )
-    for k0 in range(BLOCK_K, in_features, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < in_features
-        v = _normed_tile(x_ptr, res_ptr, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
-        m = tl.load(rows + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += m.to(tl.float32) * v[None, :]
-    out = tl.sum(acc, axis=1)
+    if tl.program_id(0) == 0:
+        d = tl.arange(0, ROW)
+        tl.store(sum_ptr + d, total.to(dtype), mask=d < in_features)
     if HAS_BIAS:
         out += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + col, out.to(dtype), mask=col_ok)

@@ -29,8 +29,8 @@ from specdeploy.engine.triton_gemv import (
     GemvTiles,
     _gemv_tile,
     _gemv_tile_waiting,
+    _normed_gemv_tile_waiting,
     _normed_tile,
-    _residual_sum,
     _two_gemv_tiles_waiting,
 )
 from specdeploy.engine.triton_launch import dependent_launch, launch_options
@@ -527,29 +527,18 @@ def _route_kernel(
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < experts
     row = token.to(tl.int64) * hidden
-    if NORM:  # each program makes the token's norm itself (`_norm_linear_row_kernel`'s roundings)
-        rows = router_ptr + e[:, None].to(tl.int64) * hidden
-        kk = tl.arange(0, BLOCK_K)
-        k_ok = kk < hidden
-        m = tl.load(rows + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        dependent_launch()
+    if NORM:  # each program makes the token's norm itself
         dtype = normed_ptr.dtype.element_ty
-        d = tl.arange(0, ROW)
-        d_ok = d < hidden
-        total, rstd = _residual_sum(x_ptr + row, res_ptr + row, d, d_ok, hidden, eps, dtype)
+        logits, total, rstd = _normed_gemv_tile_waiting(
+            router_ptr, hidden, e, e_ok, x_ptr + row, res_ptr + row, norm_ptr, eps, dtype, ZERO_CENTERED, ROW,
+            BLOCK_K,
+        )  # fmt: skip
         if tl.program_id(1) == 0:
+            d = tl.arange(0, ROW)
+            d_ok = d < hidden
             tl.store(sum_ptr + row + d, total.to(dtype), mask=d_ok)
             normed = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, d, d_ok, rstd, dtype, ZERO_CENTERED)
             tl.store(normed_ptr + row + d, normed.to(dtype), mask=d_ok)
-        v = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
-        acc = m * v[None, :]
-        for k0 in range(BLOCK_K, hidden, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = kk < hidden
-            v = _normed_tile(x_ptr + row, res_ptr + row, norm_ptr, kk, k_ok, rstd, dtype, ZERO_CENTERED)
-            m = tl.load(rows + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-            acc += m * v[None, :]
-        logits = tl.sum(acc, axis=1)
     else:  # waits for the kernel before once the router's first weights are loaded
         logits = _gemv_tile_waiting(router_ptr, hidden, e, e_ok, x_ptr + row, BLOCK_E, BLOCK_K)
     tl.store(logits_ptr + token * experts + e, logits, mask=e_ok)
