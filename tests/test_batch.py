@@ -702,6 +702,42 @@ def test_exploring_budgets_the_start_up_cost_rates_far_below_takes_a_bounded_sha
         )
 
 
+def test_on_a_gpu_exploring_beside_ar_steps_slows_while_drafting_does_not_pay_and_wins_back_after(
+    monkeypatch,
+):
+    """On a GPU (`load_adds`) a drafter that never pays (random weights; step costs about Qwen3-8B's shape's on an
+    H200 at 16 requests: AR 5.3 ms, budget 1 13 ms, budget 64 32 ms) explores beside AR steps a quarter as often
+    (MAX_EXPLORE_BACKOFF) as at the plain rate, which took about 2% of auto's time there; once drafting pays,
+    an exploring step finds it and the policy drafts again."""
+    from specdeploy.engine import budget as budget_module
+    from specdeploy.engine.budget import MAX_EXPLORE_BACKOFF, BudgetPolicy
+
+    budgets = [0, 1, 2, 4, 8, 16, 32, 64]
+
+    def seconds(running: int, budget: int) -> float:
+        return 5.3e-3 + (running * (3.7e-4 + 2.55e-5 * (budget + 1)) if budget else 0.0)
+
+    never = dict.fromkeys(budgets, 1.0)
+    unsure = {b: 1 + 0.02 * (1 - 0.9**b) for b in budgets if b}  # the trees of a drafter that is always wrong
+    good = {b: 1 + 6.0 * (1 - 0.8**b) for b in budgets if b}  # then one the trees judge right
+    running = 16
+
+    def run(backoff: int) -> tuple[float, int]:
+        """The share of the time in drafting steps while drafting never pays, and the steps it takes to
+        draft again once it does."""
+        monkeypatch.setattr(budget_module, "MAX_EXPLORE_BACKOFF", backoff)
+        policy = BudgetPolicy(budgets, step_cost(seconds, budgets, [1, 64]), explore_every=20, load_adds=True)
+        ran = simulate(policy, running, never, seconds, unsure, steps=3000)[500:]  # after the first drafts
+        share = sum(seconds(running, b) for b in ran if b) / sum(seconds(running, b) for b in ran)
+        after = simulate(policy, running, {0: 1.0, **good}, seconds, good, steps=1500)
+        return share, next(i for i in range(len(after) - 50) if after[i : i + 50].count(0) <= 5)
+
+    plain, backed_off = run(1), run(MAX_EXPLORE_BACKOFF)
+    assert MAX_EXPLORE_BACKOFF >= 2 and plain[0] >= 0.02
+    assert backed_off[0] <= 1.5 * plain[0] / MAX_EXPLORE_BACKOFF  # 0.8% against 2.9%
+    assert backed_off[1] <= 1000  # 906 steps; 426 at the plain rate
+
+
 def test_budgets_the_start_up_cost_rates_near_ar_are_explored_less_while_they_stay_slow_and_win_back_after():
     """Slow drafting steps (a burst of host work, say) make AR look best; budget 4's step costs twice an AR step
     but the start-up cost rates it above AR, so it is still explored, the way back to it once the burst is over:

@@ -52,9 +52,9 @@ different moments are still compared as if side by side; how it is learnt differ
   Qwen3-8B's shape with random weights at 64 requests (H200), a step at budget 1 cost 5.6 AR steps and at
   budget 64 23, and exploring every budget in turn every twentieth step left auto at 0.79x AR's throughput. Those the start-up
   cost rates near the chosen one keep the plain cadence: bounding them too kept auto on a CPU in runs of AR
-  steps where drafting paid. While AR steps are chosen, though, that cadence slows by half after each exploring
-  step that finds its budget no faster than its correction says, down to a quarter (MAX_EXPLORE_BACKOFF), and
-  is plain again after one that finds it faster.
+  steps where drafting paid. While AR steps are chosen, though, exploring slows by half (both the cadence and
+  the time waited for) after each exploring step that finds its budget no faster than its correction says, down
+  to a quarter (MAX_EXPLORE_BACKOFF), and is back to its plain rate after one that finds it faster.
 - on a GPU (`load_adds`), seconds added to every step whatever its budget (the host work of another thread, a
   server's delivery, which the interpreter lock makes the step wait for: a factor would make a small tree's
   step look far cheaper than it is while those waits dominate), and no correction per budget: the start-up
@@ -62,7 +62,9 @@ different moments are still compared as if side by side; how it is learnt differ
   from step to step (see `BudgetPolicy.load`). The load and the overhead are means over the recent steps of
   every budget, in the overhead's case of the row bucket. No budget's cost needs measuring apart, so the only
   exploring steps are drafting ones that break a run of AR steps, every `explore_every`-th, as above, but
-  those the start-up cost rates far below AR wait, as above (a fiftieth of the throughput).
+  those the start-up cost rates far below AR wait, as above (a fiftieth of the throughput), and exploring slows
+  by half after each one whose committed tokens do not beat AR steps in its estimated time, down to a quarter,
+  as above: a drafter that never pays (random weights) then explores a quarter as often.
 
 The rankings behind a choice are recomputed every REFRESH_EVERY observed steps, not at each one (at each one
 they took a tenth of a small model's step on a GPU), and the batch engine folds a step's observation in while
@@ -111,10 +113,12 @@ ACCEPT_EXPLORE_EVERY = 4
 # rated budget 4 at 2.89 tokens a step, its budget-4 steps committed 3.05 and a DDTree-4 server 2.70, and auto ran
 # budget 4 on 37% of its steps at 0.86x the AR server's tok/s (`auto_budget_cpu-2026-12-06-5d9ea48-1round.json`)
 DRAFT_MARGIN = 0.08
-# on a CPU, while AR steps are chosen, the steps between exploring ones double after each exploring step that finds
-# its budget no faster than its correction says, up to this factor times `explore_every`, and are back to it after one
-# that finds it faster by EXPLORE_FASTER: there a drafting step costs 2.7-5 AR steps, and exploring every 20th step
-# made about 5% of the steps drafting ones at 8 requests (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`)
+# while AR steps are chosen, the steps between exploring ones and the time credit they wait for double after each
+# exploring step that did not pay (on a CPU: no faster than its correction says; on a GPU: committed no more than
+# 1 + DRAFT_MARGIN times the tokens AR steps would have in its time), up to this factor, and are back to 1 after one that did: on a CPU a drafting
+# step costs 2.7-5 AR steps, and exploring every 20th step made about 5% of the steps drafting ones at 8 requests
+# (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`); on an H200, Qwen3-8B's shape with random weights at
+# 16 requests, exploring drafting steps took about 2% of auto's time (`gpu-2026-12-06-h200-head/call-4/`)
 MAX_EXPLORE_BACKOFF = 4
 # an explored step at this share of its budget's median correction, or less, resets the backoff
 EXPLORE_FASTER = 0.8
@@ -298,8 +302,8 @@ class BudgetPolicy:
         self.choices = 0
         self._explore_credit = 0.0  # estimated seconds of the steps chosen since the last exploring one
         self._since_explored = 0  # choices since the last exploring one
-        # the factor on `explore_every` while AR steps are chosen on a CPU, and the (budget, row bucket) of an
-        # exploring step chosen beside AR steps and not yet observed (MAX_EXPLORE_BACKOFF)
+        # the factor on `explore_every` and on the time credit while AR steps are chosen, and the (budget, row
+        # bucket) of an exploring step chosen beside AR steps and not yet observed (MAX_EXPLORE_BACKOFF)
         self._explore_backoff = 1
         self._explored_beside_ar: tuple[int, int] | None = None
         # ((running, windows), budget, the time credit it waits for) of the next exploring step, until a refresh
@@ -551,14 +555,15 @@ class BudgetPolicy:
         if len(ranked) > 1 and not (self.load_adds and choice > 0):
             self._since_explored += 1
             self._explore_credit += self._chosen_seconds(running, choice, windows) * FAR_EXPLORE_SHARE
-            beside_ar = choice == 0 and not self.load_adds  # where the backoff applies
-            if self._since_explored >= self.explore_every * (self._explore_backoff if beside_ar else 1):
+            beside_ar = choice == 0  # where the backoff applies
+            backoff = self._explore_backoff if beside_ar else 1
+            if self._since_explored >= self.explore_every * backoff:
                 if self._exploring is None or self._exploring[0] != (running, windows):
                     explored, near = self._explored(running, windows, ranked)
                     seconds = 0.0 if near else self._exploring_loss(running, explored, choice, windows)
                     self._exploring = ((running, windows), explored, seconds)
                 _, explored, seconds = self._exploring
-                if self._explore_credit >= seconds:
+                if self._explore_credit >= seconds * backoff:
                     if beside_ar:
                         self._explored_beside_ar = (explored, self.cost.rows_bucket(running))
                     choice = explored
@@ -593,19 +598,28 @@ class BudgetPolicy:
         count, since = self.budget_calibrations[budget], self.predictions - self.calibrated_at[budget]
         return count < MIN_SAMPLES or since >= ACCEPT_EXPLORE_EVERY - 1
 
-    def _back_off_exploring(self, budget: int, bucket: int, correction: float) -> None:
-        """After an exploring step beside AR steps measured `correction`: double the cadence's factor (up to
-        MAX_EXPLORE_BACKOFF) if the step was no faster than its budget's median correction says, else reset it
-        (drafting may pay again: the way back to it keeps the plain cadence). A budget not yet measured
-        MIN_SAMPLES times there leaves it as it is."""
+    def _back_off_exploring(self, paid: bool | None) -> None:
+        """After an exploring step beside AR steps: double the backoff (up to MAX_EXPLORE_BACKOFF) if it did not
+        pay, reset it if it did (drafting may pay again: the way back to it keeps the plain cadence); None
+        (nothing to judge it by yet) leaves it as it is."""
         self._explored_beside_ar = None
+        if paid is not None:
+            self._explore_backoff = 1 if paid else min(2 * self._explore_backoff, MAX_EXPLORE_BACKOFF)
+
+    def _faster_than_its_correction(self, budget: int, bucket: int, correction: float) -> bool | None:
+        """On a CPU, where exploring measures costs: whether a step that measured `correction` was faster than
+        its budget's median correction says (by EXPLORE_FASTER); None while fewer than MIN_SAMPLES are kept."""
         measured = self.cost_ratios.get((budget, bucket), ())
         if len(measured) < MIN_SAMPLES:
-            return
-        if correction <= EXPLORE_FASTER * statistics.median(measured):
-            self._explore_backoff = 1
-        else:
-            self._explore_backoff = min(2 * self._explore_backoff, MAX_EXPLORE_BACKOFF)
+            return None
+        return correction <= EXPLORE_FASTER * statistics.median(measured)
+
+    def _beat_ar(self, running: int, budget: int, realised: float, windows: Windows) -> bool:
+        """On a GPU (`load_adds`), where exploring beside AR steps only tells acceptance: whether a step at
+        `budget` that committed `realised` tokens a request beat AR steps by DRAFT_MARGIN, both at their
+        estimated iteration times (a single step's measured time swings with the host's waits)."""
+        drafting = self.iteration_seconds(running, budget, windows)
+        return realised * self.iteration_seconds(running, 0, windows) > (1 + DRAFT_MARGIN) * drafting
 
     def _exploring_loss(self, running: int, explored: int, chosen: int, windows: Windows) -> float:
         """Seconds an iteration at `explored` is estimated to lose against one at `chosen`: its time less the
@@ -665,8 +679,8 @@ class BudgetPolicy:
                     correction = max(seconds - load, 0.0) / step_seconds
                 else:
                     correction = seconds / step_seconds / load
-                if self._explored_beside_ar == (budget, bucket):
-                    self._back_off_exploring(budget, bucket, correction)
+                if self._explored_beside_ar == (budget, bucket) and not self.load_adds:
+                    self._back_off_exploring(self._faster_than_its_correction(budget, bucket, correction))
                 self.cost_ratios[budget, bucket].append(correction)
                 self.recent.append((budget, bucket, seconds, step_seconds))
                 self._last_step = (budget, bucket)
@@ -678,6 +692,9 @@ class BudgetPolicy:
         self.samples[budget] += 1
         realised = sum(accept_lengths) / len(accept_lengths)
         self.realised_total[budget] += realised
+        running, explored = len(accept_lengths), self._explored_beside_ar
+        if self.load_adds and explored is not None and explored == (budget, self.cost.rows_bucket(running)):
+            self._back_off_exploring(self._beat_ar(running, budget, realised, windows))
         if expected is None:
             return
         self.predictions += 1

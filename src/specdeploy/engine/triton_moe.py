@@ -55,11 +55,12 @@ class MoeTiling(NamedTuple):
 
 
 # One token's experts as matrix-vector kernels, (gate|up tiles, down tiles); None: the grouped-GEMM kernels, with
-# a plan. The fastest of `benchmarks/moe_tile_sweep.py --one-token` on one H200 at mla-moe-16b's widths: 0.0417 ms
-# a layer (78% of the copy bandwidth's roofline) against the grouped kernels' 0.0483 and the earlier default's
-# (16x512 / 4x512) 0.0491: a whole 2048-wide row a load keeps enough bytes in flight
-# (benchmarks/results/h200-2026-12-05-mla-fusions/).
-ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(4, 2048, 4, 2), GemvTiles(4, 2048, 4, 1))
+# a plan. The fastest of `benchmarks/moe_tile_sweep.py --one-token` on one H200 at mla-moe-16b's widths, at 2284ef7:
+# 0.0416 ms a layer (78% of the copy bandwidth's roofline) against 0.0479 at the tiles before (4x2048x4x2 /
+# 4x2048x4x1) and the grouped kernels' 0.0474, and mla-moe-16b's AR step 2.12 ms against 2.30 twice in turn; an
+# H100's sweep also put gate|up at 2x1024 first (benchmarks/results/gpu-2026-12-06-h200-head/,
+# gpu-2026-12-06-down-route/).
+ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(2, 1024, 4, 2), GemvTiles(4, 2048, 4, 3))
 
 
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
