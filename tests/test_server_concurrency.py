@@ -100,7 +100,9 @@ def test_client_disconnect_mid_stream_frees_the_worker(random_pair: tuple[Path, 
             time.sleep(0.1)
         assert metric(client, "sglang:num_aborted_requests_total") == 1
         assert metric(client, "sglang:generation_tokens_total") < 2000
-        after = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3}})
+        after = client.post(
+            "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+        )
         assert after.status_code == 200 and after.json()["meta_info"]["completion_tokens"] == 3
 
 

@@ -148,7 +148,10 @@ def test_a_batch_larger_than_the_queue_is_refused_before_it_is_tokenised(server)
 
 def test_the_server_still_serves_after_all_that(server) -> None:
     _, url, _ = server
-    response = httpx.post(url + "/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 2}})
+    response = httpx.post(
+        url + "/generate",
+        json={"text": "hello", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}},
+    )
     assert response.status_code == 200 and response.json()["meta_info"]["completion_tokens"] == 2
 
 
