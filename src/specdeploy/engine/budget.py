@@ -115,10 +115,11 @@ ACCEPT_EXPLORE_EVERY = 4
 DRAFT_MARGIN = 0.08
 # while AR steps are chosen, the steps between exploring ones and the time credit they wait for double after each
 # exploring step that did not pay (on a CPU: no faster than its correction says; on a GPU: committed no more than
-# 1 + DRAFT_MARGIN times the tokens AR steps would have in its time), up to this factor, and are back to 1 after one that did: on a CPU a drafting
-# step costs 2.7-5 AR steps, and exploring every 20th step made about 5% of the steps drafting ones at 8 requests
-# (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`); on an H200, Qwen3-8B's shape with random weights at
-# 16 requests, exploring drafting steps took about 2% of auto's time (`gpu-2026-12-06-h200-head/call-4/`)
+# 1 + DRAFT_MARGIN times the tokens AR steps would have in its time), up to this factor, and are back to 1 after
+# one that did: on a CPU a drafting step costs 2.7-5 AR steps, and exploring every 20th step made about 5% of the
+# steps drafting ones at 8 requests (tiny-code, `auto_budget_cpu-2026-12-06-0494b23-3rounds.json`); on an H200,
+# Qwen3-8B's shape with random weights at 16 requests, exploring drafting steps took about 2% of auto's time
+# (`gpu-2026-12-06-h200-head/call-4/`)
 MAX_EXPLORE_BACKOFF = 4
 # an explored step at this share of its budget's median correction, or less, resets the backoff
 EXPLORE_FASTER = 0.8
