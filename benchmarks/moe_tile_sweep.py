@@ -8,6 +8,9 @@ experts, activations) at the copy bandwidth measured in the same run. Writes JSO
 
     python benchmarks/moe_tile_sweep.py --shapes mla-moe-16b,kimi-like --tokens 1,17,65,257 --out sweep.json
 
+`--block-rows 16,32` also sweeps both kernels' tiles at those rows per block (a tiling tuned at the default's rows
+may not suit others) and prints each one's settings for `benchmarks/with_moe_one_token.py` (`mid:`).
+
 `--one-token` sweeps one token's step instead: the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at each tile
 shape of gate|up then of down, against the grouped-GEMM kernels (with their plan); and the router as one kernel
 (`triton_moe.route`) at each experts-per-program against the float32 matrix product and `sigmoid_top_k`, each
@@ -274,6 +277,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,17,65,257")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--one-token", action="store_true", help="sweep one token's kernels (see above)")
+    parser.add_argument(
+        "--block-rows", default="", help="also sweep the tiles at these rows per block (16,32)"
+    )
     args = parser.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
     result = {
@@ -290,6 +296,7 @@ def main() -> None:
         main_one_token(args.shapes.split(","), args.out, result)
         return
     triton_moe.ONE_TOKEN = None  # this sweep times the grouped kernels, at one token too
+    block_rows = [int(m) for m in args.block_rows.split(",") if m]
     generator = torch.Generator().manual_seed(0)
     for name in args.shapes.split(","):
         target = get_shape(name).target
@@ -318,6 +325,22 @@ def main() -> None:
                         by_block_m[block_m] = graph_ms(workload, tuned._replace(block_m=block_m))
                     except Exception as error:  # too large for shared memory: not a choice
                         by_block_m[block_m] = str(error).splitlines()[0][:120]
+            # the tiles swept again at other rows per block (--block-rows), each tuned tiling's output against
+            # the default's (the reduction order differs, so within bf16 rounding, not equal)
+            want = workload.layer(0, default).float()
+            by_rows = {}
+            for block_m in (m for m in block_rows if m != default.block_m):
+                start = MoeTiling(block_m, default.gate_up, default.down)
+                rows_gate = sweep(workload, "gate_up", start)
+                rows_down = sweep(workload, "down", start._replace(gate_up=best(rows_gate)))
+                at_rows = start._replace(gate_up=best(rows_gate), down=best(rows_down))
+                by_rows[block_m] = {
+                    "tuned": [list(at_rows.gate_up), list(at_rows.down)],
+                    "tuned_ms": graph_ms(workload, at_rows),
+                    "max_abs_diff_vs_default": (workload.layer(0, at_rows).float() - want).abs().max().item(),
+                    "gate_up": rows_gate,
+                    "down": rows_down,
+                }
             entry = {
                 "block_m": default.block_m,
                 "expert_union": workload.union,
@@ -329,6 +352,8 @@ def main() -> None:
                 "tuned_ms": tuned_ms,
                 "tuned_fraction": roofline_ms / tuned_ms,
                 "tuned_ms_by_block_m": by_block_m,
+                "default_max_abs": want.abs().max().item(),
+                "swept_at_block_m": by_rows,
                 "gate_up": gate_rows,
                 "down": down_rows,
                 "seconds": time.perf_counter() - started,
@@ -345,6 +370,14 @@ def main() -> None:
                 ),
                 flush=True,
             )
+            for block_m, swept in by_rows.items():
+                gate_up, down = ("x".join(str(v) for v in t) for t in swept["tuned"])
+                print(
+                    f"  tiles swept at {block_m} rows per block: {swept['tuned_ms']:.3f} ms "
+                    f"({roofline_ms / swept['tuned_ms']:.0%}), max |diff| against the default "
+                    f"{swept['max_abs_diff_vs_default']:.2e}; settings mid:{block_m}x{gate_up}/{down}",
+                    flush=True,
+                )
             del workload
             torch.cuda.empty_cache()
 

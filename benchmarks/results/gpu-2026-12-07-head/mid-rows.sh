@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Device call 3 (under 10 minutes): mla-moe-16b's 257-token tree verify through the grouped MoE kernels at 16, 32
-# and 64 rows per block (issue 20). 1) the GPU tests of the grouped kernels and their plan; 2) the tile sweep at 257
-# tokens, the tiles swept again at each rows per block (`moe_tile_sweep.py --block-rows 16,32`); 3) the engine's AR
-# and DDTree-256 steps, the head's tiling (A) against the sweep's fastest through `with_moe_one_token.py mid:...`
-# (B), A B A B, each a process of its own; 4) if time is left, the kernel profile of DDTree-256 at the head's
-# tiling. Run from the repository root with specdeploy importable and OUT and COMMIT set; everything is packed into
+# The next device call (under 10 minutes): mla-moe-16b's 257-token tree verify through the grouped MoE kernels at 16,
+# 32 and 64 rows per block (issue 20). 1) the tile sweep at 257 tokens, the tiles swept again at each rows per block
+# (`moe_tile_sweep.py --block-rows 16,32`, or ROWS); 2) the engine's AR and DDTree-256 steps, the head's tiling (A)
+# against the sweep's fastest through `with_moe_one_token.py mid:...` (B), A B and, if BUDGET_S (560 s) leaves time, A
+# B again, each a process of its own; 3) if time is left, the kernel profile of DDTree-256 at the head's tiling. Run
+# from the repository root with specdeploy importable and OUT and COMMIT set; everything is packed into
 # $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
@@ -13,9 +13,7 @@ pack() { sed -i "s#$PWD/##g; s#$OUT/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
 cat "$R/machine.txt"
-timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fastpath.py -k "fused_moe or block_plan" \
-  > "$R/gpu_tests_$COMMIT.txt" 2>&1; tail -1 "$R/gpu_tests_$COMMIT.txt"; pack
-timeout 170 python3 benchmarks/moe_tile_sweep.py --shapes mla-moe-16b --tokens 257 --block-rows 16,32 \
+timeout 170 python3 benchmarks/moe_tile_sweep.py --shapes mla-moe-16b --tokens 257 --block-rows "${ROWS:-16,32}" \
   --out "$R/moe_sweep_257.json" > "$R/moe_sweep_257.txt" 2>&1; cat "$R/moe_sweep_257.txt"; pack
 MID=$(python3 - "$R/moe_sweep_257.json" <<'PY'
 import json, sys
@@ -35,10 +33,12 @@ engine() {  # $1: label, then with_moe_one_token settings or nothing
     timeout 75 python3 "${cmd[@]}" > "$R/engine_$label.txt" 2>&1
     grep -E "^engine" "$R/engine_$label.txt" | sed "s/^/$label /"; pack
 }
+left() { echo $((${BUDGET_S:-560} - $(date +%s) + T0)); }
 if [ -n "$MID" ]; then
-    engine head_1; engine mid_1 "$MID"; engine head_2; engine mid_2 "$MID"
+    engine head_1; engine mid_1 "$MID"
+    if [ "$(left)" -gt 160 ]; then engine head_2; engine mid_2 "$MID"; fi
 fi
-left=$((560 - $(date +%s) + T0))
+left=$(left)
 if [ "$left" -gt 60 ]; then
     timeout "$left" python3 benchmarks/kernel_profile.py --shape mla-moe-16b --modes ddtree-256 --steps 4 \
       --out "$R/profile_ddtree-256_$COMMIT.json" > "$R/profile_ddtree-256_$COMMIT.txt" 2>&1
