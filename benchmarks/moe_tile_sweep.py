@@ -12,7 +12,7 @@ experts, activations) at the copy bandwidth measured in the same run. Writes JSO
 may not suit others) and prints each one's settings for `benchmarks/with_moe_one_token.py` (`mid:`).
 
 `--one-token` sweeps one token's step instead: the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at each tile
-shape of gate|up then of down, against the grouped-GEMM kernels (with their plan); and the router as one kernel
+shape of gate|up (unless `--gate-up` fixes it) then of down, against the grouped-GEMM kernels (with their plan); and the router as one kernel
 (`triton_moe.route`) at each experts-per-program against the float32 matrix product and `sigmoid_top_k`, each
 checked against that path's result. It prints the settings to pass to `benchmarks/with_moe_one_token.py`.
 """
@@ -54,9 +54,10 @@ TILE_SHAPES = list(itertools.product((16, 32, 64, 128), (64, 128, 256)))
 PIPELINES = ((2, 4), (4, 5), (8, 3), (8, 5))  # (warps, stages) then tried on the best tile shape
 BLOCK_ROWS = (16, 32, 64)  # rows per block of the plan, tried last with the tuned tiles
 WEIGHT_BYTES_PER_SET = 8 << 30  # copies of a layer's experts, up to this many bytes in all
-# (block_n, block_k), 4 warps, 3 stages; a tile of at most 8192 values, whose float32 sums fit in registers
+# (block_n, block_k), 4 warps, 3 stages; a tile of at most 8192 values per weight (the down kernel loads one per
+# expert pair at once, up to 8 of them)
 GEMV_SHAPES = [
-    (n, k) for n, k in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024, 2048)) if n * k <= 8192
+    (n, k) for n, k in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048)) if n * k <= 8192
 ]
 GEMV_PIPELINES = (
     (2, 3),
@@ -152,10 +153,10 @@ def one_token_ms(workload: Workload, tiles: tuple[GemvTiles, GemvTiles] | None) 
         return graph_ms(workload, None)
 
 
-def sweep_one_token(workload: Workload) -> dict:
+def sweep_one_token(workload: Workload, gate_up: GemvTiles | None = None) -> dict:
     """One token's experts: the grouped-GEMM kernels (with their plan), the default matrix-vector tiles, then
-    each gate|up tile (down at a middle shape), then down's (gate|up at its best); each result checked against
-    the grouped kernels'."""
+    each gate|up tile (down at a middle shape) unless `gate_up` fixes it, then down's (gate|up at its best); each
+    result checked against the grouped kernels'."""
     with one_token(None):
         want = workload.layer(0)
     default = triton_moe.ONE_TOKEN
@@ -183,12 +184,13 @@ def sweep_one_token(workload: Workload) -> dict:
         rows = [r for r in entry[which] if "ms" in r]
         return GemvTiles(*min(rows, key=lambda r: r["ms"])["tiles"][0 if which == "gate_up" else 1])
 
-    for n, k in GEMV_SHAPES:
-        measure("gate_up", (GemvTiles(n, k, 4, 3), middle))
-    shape = best_of("gate_up")
-    for warps, stages in GEMV_PIPELINES:
-        measure("gate_up", (shape._replace(warps=warps, stages=stages), middle))
-    gate_up = best_of("gate_up")
+    if gate_up is None:
+        for n, k in GEMV_SHAPES:
+            measure("gate_up", (GemvTiles(n, k, 4, 3), middle))
+        shape = best_of("gate_up")
+        for warps, stages in GEMV_PIPELINES:
+            measure("gate_up", (shape._replace(warps=warps, stages=stages), middle))
+        gate_up = best_of("gate_up")
     for n, k in GEMV_SHAPES:
         measure("down", (gate_up, GemvTiles(n, k, 4, 3)))
     shape = best_of("down")
@@ -231,7 +233,7 @@ def sweep_router(target: dict, generator: torch.Generator) -> dict:
     return entry
 
 
-def main_one_token(shapes: list[str], out: Path, result: dict) -> None:
+def main_one_token(shapes: list[str], out: Path, result: dict, gate_up: GemvTiles | None) -> None:
     generator = torch.Generator().manual_seed(0)
     for name in shapes:
         target = get_shape(name).target
@@ -240,7 +242,7 @@ def main_one_token(shapes: list[str], out: Path, result: dict) -> None:
         )
         workload = Workload(target, 1, max(1, min(4, WEIGHT_BYTES_PER_SET // layer_bytes)), generator)
         roofline_ms = workload.bytes / result["copy_tb_per_s"] / 1e9
-        entry = {"roofline_ms": roofline_ms, "experts": sweep_one_token(workload)}
+        entry = {"roofline_ms": roofline_ms, "experts": sweep_one_token(workload, gate_up)}
         del workload
         torch.cuda.empty_cache()
         entry["router"] = sweep_router(target, generator)
@@ -280,6 +282,9 @@ def main() -> None:
     parser.add_argument(
         "--block-rows", default="", help="also sweep the tiles at these rows per block (16,32)"
     )
+    parser.add_argument(
+        "--gate-up", default="", help="with --one-token: gate|up's tiles NxKxWxS, only down's swept"
+    )
     args = parser.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
     result = {
@@ -293,7 +298,8 @@ def main() -> None:
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     if args.one_token:
         result.update(gemv_shapes=GEMV_SHAPES, gemv_pipelines=GEMV_PIPELINES, route_blocks=ROUTE_BLOCKS)
-        main_one_token(args.shapes.split(","), args.out, result)
+        gate_up = GemvTiles(*(int(n) for n in args.gate_up.split("x"))) if args.gate_up else None
+        main_one_token(args.shapes.split(","), args.out, result, gate_up)
         return
     triton_moe.ONE_TOKEN = None  # this sweep times the grouped kernels, at one token too
     block_rows = [int(m) for m in args.block_rows.split(",") if m]

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Device call (under 10 minutes): one token's down kernel with every expert pair's tile in one load (issue 20),
+# against $BEFORE (this tree with $AB, $BEFORE's changed files, laid over it). 1) the one-token sweep of down's
+# tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before and after at the sweep's
+# fastest down tiles, B A B A, each a process of its own; 3) the GPU tests of the kernel and of fp32 decoding in
+# the DeepSeek family; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR step before and
+# after, if BUDGET_S (560 s) leaves time. Run from the repository root with specdeploy importable and OUT, COMMIT,
+# BEFORE and AB set; everything is packed into $OUT/results.tgz after each step.
+set -u
+: "${OUT:?set OUT}" "${COMMIT:?set COMMIT}" "${BEFORE:?set BEFORE}" "${AB:?set AB}"
+R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
+pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#/tmp/before/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
+left() { echo $((${BUDGET_S:-560} - $(date +%s) + T0)); }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/machine.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
+cat "$R/machine.txt"
+mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp -r "$AB"/. /tmp/before/
+GATE_UP=$(python3 -c "from specdeploy.engine import triton_moe; print('x'.join(map(str, triton_moe.ONE_TOKEN[0])))")
+timeout 150 python3 benchmarks/moe_tile_sweep.py --one-token --shapes mla-moe-16b --gate-up "$GATE_UP" \
+  --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1
+grep -E "one token:|bandwidth" "$R/down_sweep.txt" || tail -5 "$R/down_sweep.txt"; pack
+BEST=$(grep -o "settings [^ ,]*" "$R/down_sweep.txt" | tail -1 | cut -d' ' -f2)
+echo "fastest: $BEST" | tee "$R/best_setting.txt"
+engine() {  # $1 tree, $2 label, $3 shape, $4 time limit, then with_moe_one_token settings or nothing
+    local tree=$1 label=$2 shape=$3 limit=$4; shift 4
+    local cmd=(benchmarks/ddtree_side_by_side.py --engine-only --shape "$shape" --modes ar --commit "$label"
+               --out "$R/engine_${shape}_$label.json")
+    if [ $# -gt 0 ] && [ -n "$1" ]; then cmd=(benchmarks/with_moe_one_token.py "$1" "${cmd[@]}"); fi
+    (cd "$tree" && PYTHONPATH="/tmp/site:$PWD/src" timeout "$limit" python3 "${cmd[@]}" > "$R/engine_${shape}_$label.txt" 2>&1)
+    echo "$shape $label:"; grep -E "^(engine|ar) " "$R/engine_${shape}_$label.txt" || tail -3 "$R/engine_${shape}_$label.txt"; pack
+}
+engine /tmp/before "before-1" mla-moe-16b 50
+engine . "after-1" mla-moe-16b 50 "$BEST"
+engine /tmp/before "before-2" mla-moe-16b 50
+engine . "after-2" mla-moe-16b 50 "$BEST"
+timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_decode_gpu.py \
+  -k "one_token or (fp32 and (deepseek or kimi))" > "$R/gpu_tests_$COMMIT.txt" 2>&1
+tail -3 "$R/gpu_tests_$COMMIT.txt"; pack
+shape=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_kimi_roofline import kimi_shape; print(kimi_shape())")
+if [ "$(left)" -gt 190 ]; then
+    engine /tmp/before "before-1" "$shape" 90
+    engine . "after-1" "$shape" 90 "$BEST"
+fi
+echo "seconds used: $(( $(date +%s) - T0 ))"; pack
