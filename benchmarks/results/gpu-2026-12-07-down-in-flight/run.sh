@@ -2,9 +2,9 @@
 # Device call (under 10 minutes): one token's down kernel with every expert pair's tile in one load (issue 20),
 # against $BEFORE (this tree with $AB, $BEFORE's changed files, laid over it). 1) the one-token sweep of down's
 # tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before and after at the sweep's
-# fastest down tiles, B A B A, each a process of its own; 3) the GPU tests of the kernel and of fp32 decoding in
-# the DeepSeek family; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR step before and
-# after, if BUDGET_S (560 s) leaves time. Run from the repository root with specdeploy importable and OUT, COMMIT,
+# fastest down tiles, B A, each a process of its own; 3) the GPU tests of the kernel and of fp32 decoding in
+# the DeepSeek family; B A again if BUDGET_S (560 s) leaves time; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR step before and
+# after, if time is left. Run from the repository root with specdeploy importable and OUT, COMMIT,
 # BEFORE and AB set; everything is packed into $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}" "${BEFORE:?set BEFORE}" "${AB:?set AB}"
@@ -16,7 +16,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 cat "$R/machine.txt"
 mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp -r "$AB"/. /tmp/before/
 GATE_UP=$(python3 -c "from specdeploy.engine import triton_moe; print('x'.join(map(str, triton_moe.ONE_TOKEN[0])))")
-timeout 150 python3 benchmarks/moe_tile_sweep.py --one-token --shapes mla-moe-16b --gate-up "$GATE_UP" \
+timeout 120 python3 benchmarks/moe_tile_sweep.py --one-token --shapes mla-moe-16b --gate-up "$GATE_UP" \
   --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1
 grep -E "one token:|bandwidth" "$R/down_sweep.txt" || tail -5 "$R/down_sweep.txt"; pack
 BEST=$(grep -o "settings [^ ,]*" "$R/down_sweep.txt" | tail -1 | cut -d' ' -f2)
@@ -31,11 +31,13 @@ engine() {  # $1 tree, $2 label, $3 shape, $4 time limit, then with_moe_one_toke
 }
 engine /tmp/before "before-1" mla-moe-16b 50
 engine . "after-1" mla-moe-16b 50 "$BEST"
-engine /tmp/before "before-2" mla-moe-16b 50
-engine . "after-2" mla-moe-16b 50 "$BEST"
-timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_decode_gpu.py \
+timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_decode_gpu.py \
   -k "one_token or (fp32 and (deepseek or kimi))" > "$R/gpu_tests_$COMMIT.txt" 2>&1
 tail -3 "$R/gpu_tests_$COMMIT.txt"; pack
+if [ "$(left)" -gt 100 ]; then
+    engine /tmp/before "before-2" mla-moe-16b 50
+    engine . "after-2" mla-moe-16b 50 "$BEST"
+fi
 shape=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_kimi_roofline import kimi_shape; print(kimi_shape())")
 if [ "$(left)" -gt 190 ]; then
     engine /tmp/before "before-1" "$shape" 90
