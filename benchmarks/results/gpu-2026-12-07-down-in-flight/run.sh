@@ -3,9 +3,10 @@
 # against $BEFORE (this tree with $AB, $BEFORE's changed files, laid over it). 1) the one-token sweep of down's
 # tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before and after at the sweep's
 # fastest down tiles, B A, each a process of its own; 3) the GPU tests of the kernel and of fp32 decoding in
-# the DeepSeek family; B A again if BUDGET_S (560 s) leaves time; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR step before and
-# after, if time is left. Run from the repository root with specdeploy importable and OUT, COMMIT,
-# BEFORE and AB set; everything is packed into $OUT/results.tgz after each step.
+# the DeepSeek family; B A again if BUDGET_S (560 s) leaves time; 4) the Kimi shape the card holds
+# (`gpu_kimi_roofline.kimi_shape`), its AR step before and after, if time is left. Run from the repository root with
+# specdeploy importable and OUT, COMMIT, BEFORE and AB set; everything is packed into $OUT/results.tgz after each
+# step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}" "${BEFORE:?set BEFORE}" "${AB:?set AB}"
 R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
