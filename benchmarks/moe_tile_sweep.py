@@ -54,8 +54,7 @@ TILE_SHAPES = list(itertools.product((16, 32, 64, 128), (64, 128, 256)))
 PIPELINES = ((2, 4), (4, 5), (8, 3), (8, 5))  # (warps, stages) then tried on the best tile shape
 BLOCK_ROWS = (16, 32, 64)  # rows per block of the plan, tried last with the tuned tiles
 WEIGHT_BYTES_PER_SET = 8 << 30  # copies of a layer's experts, up to this many bytes in all
-# (block_n, block_k), 4 warps, 3 stages; a tile of at most 8192 values per weight (the down kernel loads one per
-# expert pair at once, up to 8 of them)
+# (block_n, block_k), 4 warps, 3 stages; a tile of at most 8192 values, whose float32 sums fit in registers
 GEMV_SHAPES = [
     (n, k) for n, k in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048)) if n * k <= 8192
 ]

@@ -251,7 +251,7 @@ def test_one_kernel_routing_equals_the_router_ops():
     [(32, 8, 7168, 2048), (64, 6, 2048, 1408)],
     ids=["kimi", "mla-moe-16b"],
 )
-@pytest.mark.parametrize("tiles", [((16, 256, 4, 3), (8, 256, 4, 3)), ((4, 512, 8, 2), (4, 128, 2, 4))])
+@pytest.mark.parametrize("tiles", [((16, 256, 4, 3), (8, 256, 4, 3)), ((4, 512, 8, 2), (32, 128, 2, 4))])
 def test_one_token_moe_equals_the_grouped_gemm(experts, k, hidden, inter, tiles, monkeypatch):
     """One token's experts as the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at Kimi's widths (32 of its
     experts, for memory) and mla-moe-16b's, a shared expert included: float32 equal to the torch path up to summation order; bfloat16 no further

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Device call (under 10 minutes): one token's down kernel with every expert pair's tile in one load (issue 20),
-# against $BEFORE (this tree with $AB, $BEFORE's changed files, laid over it). 1) the one-token sweep of down's
-# tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before and after at the sweep's
-# fastest down tiles, B A, each a process of its own; 3) the GPU tests of the kernel and of fp32 decoding in
-# the DeepSeek family; B A again if BUDGET_S (560 s) leaves time; 4) the Kimi shape the card holds
-# (`gpu_kimi_roofline.kimi_shape`), its AR step before and after, if time is left. Run from the repository root with
-# specdeploy importable and OUT, COMMIT, BEFORE and AB set; everything is packed into $OUT/results.tgz after each
-# step.
+# Device call (under 10 minutes): one token's down kernel with every expert pair's tile, and the shared expert's as
+# segments of one expert's width, in one load each (`down-in-flight.patch`, issue 20), against this tree's kernel,
+# which loops over the pairs. The patch is laid over a copy of the tree (/tmp/after). 1) the one-token sweep of the
+# patched down kernel's tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before (this
+# tree) and after (the patch, at the sweep's fastest down tiles), B A, each a process of its own; 3) the patched
+# tree's GPU tests of the kernel and of fp32 decoding in the DeepSeek family; B A again if BUDGET_S (560 s) leaves
+# time; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR step before and after, if time is
+# left. Run from the repository root with specdeploy importable and OUT and COMMIT set; everything is packed into
+# $OUT/results.tgz after each step.
 set -u
-: "${OUT:?set OUT}" "${COMMIT:?set COMMIT}" "${BEFORE:?set BEFORE}" "${AB:?set AB}"
+: "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
 R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
-pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#/tmp/before/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
+HERE=benchmarks/results/gpu-2026-12-07-down-in-flight
+pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#/tmp/after/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
 left() { echo $((${BUDGET_S:-560} - $(date +%s) + T0)); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
 cat "$R/machine.txt"
-mkdir -p /tmp/before && cp -r src benchmarks /tmp/before/ && cp -r "$AB"/. /tmp/before/
+PATCH="$PWD/$HERE/down-in-flight.patch"
+mkdir -p /tmp/after && cp -r src tests benchmarks /tmp/after/ && (cd /tmp/after && patch -p1 < "$PATCH") || exit 1
 GATE_UP=$(python3 -c "from specdeploy.engine import triton_moe; print('x'.join(map(str, triton_moe.ONE_TOKEN[0])))")
-timeout 120 python3 benchmarks/moe_tile_sweep.py --one-token --shapes mla-moe-16b --gate-up "$GATE_UP" \
-  --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1
+(cd /tmp/after && PYTHONPATH="/tmp/site:$PWD/src" timeout 120 python3 benchmarks/moe_tile_sweep.py --one-token \
+  --shapes mla-moe-16b --gate-up "$GATE_UP" --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1)
 grep -E "one token:|bandwidth" "$R/down_sweep.txt" || tail -5 "$R/down_sweep.txt"; pack
 BEST=$(grep -o "settings [^ ,]*" "$R/down_sweep.txt" | tail -1 | cut -d' ' -f2)
 echo "fastest: $BEST" | tee "$R/best_setting.txt"
@@ -30,18 +33,19 @@ engine() {  # $1 tree, $2 label, $3 shape, $4 time limit, then with_moe_one_toke
     (cd "$tree" && PYTHONPATH="/tmp/site:$PWD/src" timeout "$limit" python3 "${cmd[@]}" > "$R/engine_${shape}_$label.txt" 2>&1)
     echo "$shape $label:"; grep -E "^(engine|ar) " "$R/engine_${shape}_$label.txt" || tail -3 "$R/engine_${shape}_$label.txt"; pack
 }
-engine /tmp/before "before-1" mla-moe-16b 50
-engine . "after-1" mla-moe-16b 50 "$BEST"
-timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_decode_gpu.py \
-  -k "one_token or (fp32 and (deepseek or kimi))" > "$R/gpu_tests_$COMMIT.txt" 2>&1
-tail -3 "$R/gpu_tests_$COMMIT.txt"; pack
+engine . "before-1" mla-moe-16b 50
+engine /tmp/after "after-1" mla-moe-16b 50 "$BEST"
+(cd /tmp/after && PYTHONPATH="/tmp/site:$PWD/src" timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_gpu_fastpath.py tests/test_decode_gpu.py -k "one_token or (fp32 and (deepseek or kimi))" \
+  > "$R/gpu_tests_after.txt" 2>&1)
+tail -3 "$R/gpu_tests_after.txt"; pack
 if [ "$(left)" -gt 100 ]; then
-    engine /tmp/before "before-2" mla-moe-16b 50
-    engine . "after-2" mla-moe-16b 50 "$BEST"
+    engine . "before-2" mla-moe-16b 50
+    engine /tmp/after "after-2" mla-moe-16b 50 "$BEST"
 fi
 shape=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_kimi_roofline import kimi_shape; print(kimi_shape())")
 if [ "$(left)" -gt 190 ]; then
-    engine /tmp/before "before-1" "$shape" 90
-    engine . "after-1" "$shape" 90 "$BEST"
+    engine . "before-1" "$shape" 90
+    engine /tmp/after "after-1" "$shape" 90 "$BEST"
 fi
 echo "seconds used: $(( $(date +%s) - T0 ))"; pack

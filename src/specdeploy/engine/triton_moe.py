@@ -60,7 +60,7 @@ class MoeTiling(NamedTuple):
 # 4x2048x4x1) and the grouped kernels' 0.0474, and mla-moe-16b's AR step 2.12 ms against 2.30 twice in turn; an
 # H100's sweep also put gate|up at 2x1024 first (benchmarks/results/gpu-2026-12-06-h200-head/,
 # gpu-2026-12-06-down-route/).
-ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(2, 1024, 4, 2), GemvTiles(2, 512, 4, 3))
+ONE_TOKEN: tuple[GemvTiles, GemvTiles] | None = (GemvTiles(2, 1024, 4, 2), GemvTiles(4, 2048, 4, 3))
 
 
 def default_tiling(pairs: int, total_experts: int, hidden: int) -> MoeTiling:
@@ -235,20 +235,6 @@ def _gate_up_gemv_kernel(
 
 
 @triton.jit
-def _pairs_tile(rows, vectors, ok, col_ok, kk):
-    """float32 sums of rows[p, n, k] * vectors[p, k] over the columns kk where ok[p, k]: [P, BLOCK_N]."""
-    v = tl.load(vectors + kk[None, :], mask=ok, other=0.0).to(tl.float32)
-    m = tl.load(rows + kk[None, None, :], mask=ok[:, None, :] & col_ok[None, :, None], other=0.0)
-    return tl.sum(m.to(tl.float32) * v[:, None, :], axis=2)
-
-
-@triton.jit
-def _segment_ok(segment, kk, inter, shared_inter):
-    """[S, K]: column kk of the shared expert's segment (its columns from segment * I, I of them) exists."""
-    return (kk[None, :] < inter) & (segment[:, None] * inter + kk[None, :] < shared_inter)
-
-
-@triton.jit
 def _down_gemv_kernel(
     act_ptr,  # [k + 1, max(I, Is)] the first kernel's output
     w2_ptr, shared2_ptr,  # as _down_kernel's
@@ -256,44 +242,23 @@ def _down_gemv_kernel(
     weight_ptr,  # [k] their routing weights
     out_ptr,  # [1, H] the token's MoE output
     top_k, hidden, inter, shared_inter, stride_we, stride_act,
-    SHARED: tl.constexpr, PAIRS: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    SHARED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # Every pair's tile, and the shared expert's as SEGMENTS rows of I columns, in one load each: a program keeps
-    # all its experts' reads in flight at once, where a loop over the pairs would issue each read after the last.
     col = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
-    kk = tl.arange(0, BLOCK_K)
-    segment = tl.arange(0, SEGMENTS)
-    shared_rows = (
-        shared2_ptr + col[None, :, None].to(tl.int64) * shared_inter + segment[:, None, None] * inter
-    )
-    if SHARED:  # its first tile loaded before the wait: no kernel writes it
-        first_ok = _segment_ok(segment, kk, inter, shared_inter)[:, None, :] & col_ok[None, :, None]
-        first = tl.load(shared_rows + kk[None, None, :], mask=first_ok, other=0.0)
-    dependent_launch()
-    pair = tl.arange(0, PAIRS)
-    pair_ok = pair < top_k
-    experts = tl.load(indices_ptr + pair, mask=pair_ok, other=0)
-    rows = w2_ptr + experts[:, None, None].to(tl.int64) * stride_we + col[None, :, None].to(tl.int64) * inter
-    vectors = act_ptr + pair[:, None] * stride_act
-    sums = tl.zeros([PAIRS, BLOCK_N], tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
-        sums += _pairs_tile(rows, vectors, pair_ok[:, None] & (k0 + kk < inter)[None, :], col_ok, k0 + kk)
-    gates = tl.load(weight_ptr + pair, mask=pair_ok, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's (the pads' products are zeros)
-    total = tl.sum(rounded(rounded(sums, dtype) * gates[:, None], dtype), axis=0)
-    if SHARED:  # weight 1: its segments' sums added in float32, then rounded as one expert's output
-        shared_vectors = act_ptr + top_k * stride_act + segment[:, None] * inter
-        v = tl.load(
-            shared_vectors + kk[None, :], mask=_segment_ok(segment, kk, inter, shared_inter), other=0.0
-        )
-        shared = tl.sum(first.to(tl.float32) * v.to(tl.float32)[:, None, :], axis=2)
-        for k0 in range(BLOCK_K, inter, BLOCK_K):
-            ok = _segment_ok(segment, k0 + kk, inter, shared_inter)
-            shared += _pairs_tile(shared_rows, shared_vectors, ok, col_ok, k0 + kk)
-        total += rounded(tl.sum(shared, axis=0), dtype)
+    if SHARED:  # first, its first tile loaded before the wait (no kernel writes it); added last, as ever
+        shared = _gemv_tile_waiting(shared2_ptr, shared_inter, col, col_ok, act_ptr + top_k * stride_act,
+                                    BLOCK_N, BLOCK_K)  # fmt: skip
+    else:
+        dependent_launch()
+    total = tl.zeros([BLOCK_N], tl.float32)  # the pairs' sum in float32, rounded once, as _sum_pairs_kernel's
+    for pair in range(0, top_k):
+        w = w2_ptr + tl.load(indices_ptr + pair) * stride_we
+        expert = _gemv_tile(w, inter, col, col_ok, act_ptr + pair * stride_act, BLOCK_N, BLOCK_K)
+        total += rounded(rounded(expert, dtype) * tl.load(weight_ptr + pair).to(tl.float32), dtype)
+    if SHARED:  # weight 1
+        total += rounded(shared, dtype)
     tl.store(out_ptr + col, total.to(dtype), mask=col_ok)
 
 
@@ -501,12 +466,11 @@ def _one_token_moe(
         **launch_options(),
     )  # fmt: skip
     out = torch.empty_like(x)
-    segments = triton.next_power_of_2(triton.cdiv(shared_inter, inter)) if has_shared else 1
     _down_gemv_kernel[(triton.cdiv(hidden, down.block_n),)](
         act, w2, shared2, indices, weights.contiguous(), out, top_k, hidden, inter, shared_inter, w2.stride(0),
         act.stride(0),
-        SHARED=has_shared, PAIRS=triton.next_power_of_2(top_k), SEGMENTS=segments, BLOCK_N=down.block_n,
-        BLOCK_K=down.block_k, num_warps=down.warps, num_stages=down.stages,
+        SHARED=has_shared, BLOCK_N=down.block_n, BLOCK_K=down.block_k, num_warps=down.warps,
+        num_stages=down.stages,
         **launch_options(),
     )  # fmt: skip
     return out
