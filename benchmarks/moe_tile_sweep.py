@@ -12,9 +12,10 @@ experts, activations) at the copy bandwidth measured in the same run. Writes JSO
 may not suit others) and prints each one's settings for `benchmarks/with_moe_one_token.py` (`mid:`).
 
 `--one-token` sweeps one token's step instead: the matrix-vector kernels (`triton_moe.ONE_TOKEN`) at each tile
-shape of gate|up (unless `--gate-up` fixes it) then of down, against the grouped-GEMM kernels (with their plan); and the router as one kernel
-(`triton_moe.route`) at each experts-per-program against the float32 matrix product and `sigmoid_top_k`, each
-checked against that path's result. It prints the settings to pass to `benchmarks/with_moe_one_token.py`.
+shape of gate|up (unless `--gate-up` fixes it) then of down, against the grouped-GEMM kernels (with their plan);
+and the router as one kernel (`triton_moe.route`) at each experts-per-program against the float32 matrix product
+and `sigmoid_top_k`, each checked against that path's result. It prints the settings to pass to
+`benchmarks/with_moe_one_token.py`.
 """
 
 from __future__ import annotations
