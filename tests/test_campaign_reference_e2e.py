@@ -169,12 +169,14 @@ def campaign_with_a_healthy_ar_server(tmp_path: Path) -> tuple[subprocess.Popen[
     return campaign, server_dir, port, campaign_file
 
 
-def assert_stopped_and_port_free(server_dir: Path, port: int, output: str, reuse: bool = False) -> None:
-    """`reuse`: bind as servers do (SO_REUSEADDR), past the TIME_WAIT of connections a kill cut off."""
+def assert_stopped_and_port_free(server_dir: Path, port: int, output: str) -> None:
+    """The server is recorded stopped and the port is free for the next campaign's server. The probe binds as
+    servers (and preflight) do, with SO_REUSEADDR: a listening server still holds the port against it, while the
+    TIME_WAIT of connections the stop cut off mid-request (a SIGTERM's as a kill's) does not."""
     status = deployment_status(load_deployment(server_dir))
     assert not status["alive"] and status["state"] in ("stopped", "failed"), (status, output)
-    with socket.socket() as probe:  # the port is free for the next campaign
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
 
 
@@ -211,7 +213,7 @@ def test_a_campaign_killed_outright_has_its_server_stopped_by_the_watchdog(tmp_p
     campaign.kill()
     output, _ = campaign.communicate()
     assert wait_until_stopped(server_dir, 60), "the server outlived its killed campaign by a minute"
-    assert_stopped_and_port_free(server_dir, port, output, reuse=True)
+    assert_stopped_and_port_free(server_dir, port, output)
     # the watchdog drops the lease just after it records the server stopped, never before
     deadline = time.monotonic() + 10
     while list((tmp_path / "leases").glob("*.json")) and time.monotonic() < deadline:
