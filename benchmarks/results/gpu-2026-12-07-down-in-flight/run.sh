@@ -18,7 +18,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
 cat "$R/machine.txt"
 PATCH="$PWD/$HERE/down-in-flight.patch"
-mkdir -p /tmp/after && cp -r src tests benchmarks /tmp/after/ && (cd /tmp/after && patch -p1 < "$PATCH") || exit 1
+mkdir -p /tmp/after && cp -r src tests benchmarks /tmp/after/ || exit 1
+(cd /tmp/after && { patch -p1 < "$PATCH" || git apply "$PATCH"; }) || { echo "the patch did not apply"; exit 1; }
 GATE_UP=$(python3 -c "from specdeploy.engine import triton_moe; print('x'.join(map(str, triton_moe.ONE_TOKEN[0])))")
 (cd /tmp/after && PYTHONPATH="/tmp/site:$PWD/src" timeout 120 python3 benchmarks/moe_tile_sweep.py --one-token \
   --shapes mla-moe-16b --gate-up "$GATE_UP" --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1)
