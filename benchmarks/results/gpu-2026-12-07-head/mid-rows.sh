@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The next device call (under 10 minutes): mla-moe-16b's 257-token tree verify through the grouped MoE kernels at 16,
-# 32 and 64 rows per block (issue 20). 1) the tile sweep at 257 tokens, the tiles swept again at each rows per block
-# (`moe_tile_sweep.py --block-rows 16,32`, or ROWS); 2) the engine's AR and DDTree-256 steps, the head's tiling (A)
-# against the sweep's fastest through `with_moe_one_token.py mid:...` (B), A B and, if BUDGET_S (560 s) leaves time, A
-# B again, each a process of its own; 3) if time is left, the kernel profile of DDTree-256 at the head's tiling. Run
-# from the repository root with specdeploy importable and OUT and COMMIT set; everything is packed into
-# $OUT/results.tgz after each step.
+# The next device call (under 10 minutes): mla-moe-16b's 257-token tree verify through the grouped MoE kernels at 16, 32
+# and 64 rows per block (issue 20). 1) the tile sweep at 257 tokens (within SWEEP_S, 170 s), the tiles swept again at
+# each rows per block (`moe_tile_sweep.py --block-rows 16,32`, or ROWS); 2) the engine's AR and DDTree-256 steps, the
+# head's tiling (A) against the sweep's fastest through `with_moe_one_token.py mid:...` (B), A B and, if BUDGET_S (560
+# s) leaves time, A B again, each a process of its own; 3) if time is left, the kernel profile of DDTree-256 at the
+# head's tiling. Run from the repository root with specdeploy importable and OUT and COMMIT set; everything is packed
+# into $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
 R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
@@ -13,7 +13,7 @@ pack() { sed -i "s#$PWD/##g; s#$OUT/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
 cat "$R/machine.txt"
-timeout 170 python3 benchmarks/moe_tile_sweep.py --shapes mla-moe-16b --tokens 257 --block-rows "${ROWS:-16,32}" \
+timeout "${SWEEP_S:-170}" python3 benchmarks/moe_tile_sweep.py --shapes mla-moe-16b --tokens 257 --block-rows "${ROWS:-16,32}" \
   --out "$R/moe_sweep_257.json" > "$R/moe_sweep_257.txt" 2>&1; cat "$R/moe_sweep_257.txt"; pack
 MID=$(python3 - "$R/moe_sweep_257.json" <<'PY'
 import json, sys
