@@ -85,6 +85,18 @@ def _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _expert_weights(expert, num_experts, routed_ptr, shared_ptr, stride_we, inter, shared_inter):
+    """(weights, width) of `expert`: a routed expert's slice of `routed_ptr`, or the shared experts past them."""
+    if expert < num_experts:
+        w = routed_ptr + expert.to(tl.int64) * stride_we
+        width = inter
+    else:
+        w = shared_ptr
+        width = shared_inter
+    return w, width
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [N, H] tokens
     w13_ptr,  # [E, 2I, H] routed experts' gate|up
@@ -100,12 +112,7 @@ def _gate_up_kernel(
     expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
         return
-    if expert < num_experts:
-        w = w13_ptr + expert.to(tl.int64) * stride_we
-        width = inter
-    else:
-        w = shared13_ptr
-        width = shared_inter
+    w, width = _expert_weights(expert, num_experts, w13_ptr, shared13_ptr, stride_we, inter, shared_inter)
     col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if tl.program_id(1) * BLOCK_N >= width:
         return
@@ -155,12 +162,7 @@ def _down_kernel(
     expert, slot, pair = _block_rows(block, sorted_ptr, block_expert_ptr, BLOCK_M)
     if expert >= total_experts:
         return
-    if expert < num_experts:
-        w = w2_ptr + expert.to(tl.int64) * stride_we
-        width = inter
-    else:
-        w = shared2_ptr
-        width = shared_inter
+    w, width = _expert_weights(expert, num_experts, w2_ptr, shared2_ptr, stride_we, inter, shared_inter)
     row_ok = pair < pairs
     col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < hidden
