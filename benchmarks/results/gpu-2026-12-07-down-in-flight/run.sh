@@ -2,12 +2,12 @@
 # Device call (under 10 minutes): one token's down kernel with every expert pair's tile, and the shared expert's as
 # segments of one expert's width, in one load each (`down-in-flight.patch`, issue 20), against this tree's kernel, which
 # loops over the pairs. The patch is laid over a copy of the tree (/tmp/after). 1) the one-token sweep of the patched
-# down kernel's tiles on mla-moe-16b, gate|up fixed at the default; 2) mla-moe-16b's AR step, before (this tree) and
-# after (the patch, at the sweep's fastest down tiles), B A, each a process of its own; 3) the patched tree's GPU tests
-# of the kernel and of fp32 decoding in the DeepSeek family; B A again if BUDGET_S (560 s) leaves time (the tests too
-# only if more than 60 s are left; SWEEP_S bounds the sweep, 120 s); 4) the Kimi shape the card holds
-# (`gpu_kimi_roofline.kimi_shape`), its AR step before and after, if time is left. Run from the repository root with
-# specdeploy importable and OUT and COMMIT set; everything is packed into $OUT/results.tgz after each step.
+# down kernel's tiles on mla-moe-16b, gate|up fixed at the default (within SWEEP_S, 120 s); 2) mla-moe-16b's AR step,
+# before (this tree) and after (the patch, at the sweep's fastest down tiles), B A, each a process of its own; 3) the
+# patched tree's GPU tests of the kernel and of fp32 decoding in the DeepSeek family, if more than 60 s of BUDGET_S (560
+# s) are left; B A again if it leaves time; 4) the Kimi shape the card holds (`gpu_kimi_roofline.kimi_shape`), its AR
+# step before and after, if time is left. Run from the repository root with specdeploy importable and OUT and COMMIT
+# set; everything is packed into $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
 R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
@@ -21,8 +21,8 @@ PATCH="$PWD/$HERE/down-in-flight.patch"
 mkdir -p /tmp/after && cp -r src tests benchmarks /tmp/after/ || exit 1
 (cd /tmp/after && { patch -p1 < "$PATCH" || git apply "$PATCH"; }) || { echo "the patch did not apply"; exit 1; }
 GATE_UP=$(python3 -c "from specdeploy.engine import triton_moe; print('x'.join(map(str, triton_moe.ONE_TOKEN[0])))")
-(cd /tmp/after && PYTHONPATH="/tmp/site:$PWD/src" timeout "${SWEEP_S:-120}" python3 benchmarks/moe_tile_sweep.py --one-token \
-  --shapes mla-moe-16b --gate-up "$GATE_UP" --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1)
+(cd /tmp/after && PYTHONPATH="/tmp/site:$PWD/src" timeout "${SWEEP_S:-120}" python3 benchmarks/moe_tile_sweep.py \
+  --one-token --shapes mla-moe-16b --gate-up "$GATE_UP" --out "$R/down_sweep.json" > "$R/down_sweep.txt" 2>&1)
 grep -E "one token:|bandwidth" "$R/down_sweep.txt" || tail -5 "$R/down_sweep.txt"; pack
 BEST=$(grep -o "settings [^ ,]*" "$R/down_sweep.txt" | tail -1 | cut -d' ' -f2)
 echo "fastest: $BEST" | tee "$R/best_setting.txt"
