@@ -10,9 +10,10 @@
 # set; everything is packed into $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
-R="$OUT/r"; mkdir -p "$R"; T0=$(date +%s)
+R="${RAW:-$OUT/r}"; mkdir -p "$R"  # RAW: the raw files' folder, which both.sh keeps out of $OUT
+T0=$(date +%s)
 HERE=benchmarks/results/gpu-2026-12-07-down-in-flight
-pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#/tmp/after/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
+pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#$R/##g; s#/tmp/after/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
 left() { echo $((${BUDGET_S:-560} - $(date +%s) + T0)); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/machine.txt"
