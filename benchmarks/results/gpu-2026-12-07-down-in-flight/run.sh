@@ -10,7 +10,7 @@
 # set; everything is packed into $OUT/results.tgz after each step.
 set -u
 : "${OUT:?set OUT}" "${COMMIT:?set COMMIT}"
-R="${RAW:-$OUT/r}"; mkdir -p "$R"  # RAW: the raw files' folder, which both.sh keeps out of $OUT
+R="${RAW:-$OUT/r}"; mkdir -p "$R"  # RAW: the raw files' folder, which both.sh and h200.sh keep out of $OUT
 T0=$(date +%s)
 HERE=benchmarks/results/gpu-2026-12-07-down-in-flight
 pack() { sed -i "s#$PWD/##g; s#$OUT/##g; s#$R/##g; s#/tmp/after/##g" "$R"/*.txt "$R"/*.json 2>/dev/null; tar czf "$OUT/results.tgz" -C "$R" .; }
