@@ -31,7 +31,7 @@ engine() {  # $1: label, then with_moe_one_token settings or nothing
     local cmd=(benchmarks/ddtree_side_by_side.py --engine-only --shape mla-moe-16b --modes ar,ddtree-256
                --commit "$COMMIT" --out "$R/engine_$label.json")
     if [ $# -gt 0 ]; then cmd=(benchmarks/with_moe_one_token.py "$1" "${cmd[@]}"); fi
-    # 100 s: on 2026-12-07, 75 s cut the DDTree-256 of the call's first engine process
+    # 100 s: on 2026-12-07, with 75 s, the call's first engine process printed its AR step only
     timeout 100 python3 "${cmd[@]}" > "$R/engine_$label.txt" 2>&1
     grep -E "^engine" "$R/engine_$label.txt" | sed "s/^/$label /"; pack
 }
