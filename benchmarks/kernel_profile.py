@@ -3,7 +3,9 @@
 Runs each mode's stages eagerly (the kernels a CUDA graph replays are the same) under torch.profiler and
 prints the kernels by device time per decoding step (a prefill-only generation's kernels subtracted), plus
 ceilings measured in the same run: a GEMV and a 65-row GEMM of the shape's largest projection, and the copy
-bandwidth.
+bandwidth. With programmatic dependent launch on (`specdeploy.engine.triton_launch`), a kernel's time can include its
+wait for the kernel before it, so per-kernel times can overstate a kernel's own work and their sum can exceed the
+step's time; `SPECDEPLOY_PDL=0` profiles without it.
 
     python benchmarks/kernel_profile.py --shape qwen3-8b --modes ar,ddtree-64 --out profile.json
     python benchmarks/kernel_profile.py --pair zoo:tiny-hybrid --prompt-tokens 64 --modes ar,ddtree-64 --out p.json
@@ -24,6 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from specdeploy.engine.decode import Decoder, SamplingParams  # noqa: E402
 from specdeploy.engine.loading import load_drafter, load_target  # noqa: E402
+from specdeploy.engine.triton_launch import PDL  # noqa: E402
 from specdeploy.perf.profile import random_prompt  # noqa: E402
 from specdeploy.perf.random_models import random_pair  # noqa: E402
 from specdeploy.perf.roofline import copy_bandwidth  # noqa: E402
@@ -110,8 +113,17 @@ def main() -> None:
         name, config = shape.name, shape.target
     prompt = random_prompt(config["vocab_size"], args.prompt_tokens)
     inter = config.get("intermediate_size")
-    result = {"shape": name, "ceilings": ceilings(config["hidden_size"], inter), "modes": {}}
+    result = {
+        "shape": name,
+        "pdl": PDL.value,
+        "ceilings": ceilings(config["hidden_size"], inter),
+        "modes": {},
+    }
     print(result["ceilings"], flush=True)
+    if PDL.value:
+        print(
+            "PDL on: a kernel's time can include its wait for the one before (SPECDEPLOY_PDL=0 to profile without)"
+        )
     for label in args.modes.split(","):
         mode, _, budget = label.partition("-")
         budget = int(budget) if budget else None
