@@ -5,8 +5,8 @@
 2. qwen3.6-27b: `ddtree_side_by_side.py --engine-only` on the Qwen3.6-27B shape with random weights (ar,
    ddtree-64, ddtree-16, ddtree-256): AR's share of its copy-bandwidth roofline (bar >= 65%) and the
    DDTree-64 step over the AR step (bar <= 1.5); DDTree-16 and DDTree-256 are stated.
-3. qwen3-8b: the dense shape (ar, dflash, ddtree-16, ddtree-64), each mode against the newest committed H200
-   result that has it (bar: a step at most 3% slower).
+3. qwen3-8b: the dense shape (ar, dflash, ddtree-16, ddtree-64), each mode against the newest committed result
+   of the same card that has it (bar: a step at most 3% slower).
 4. qwen3-8b-sweep: DDTree budgets 16, 24, 32, 40, 48, 64 on the dense shape, batch 1, with each budget's
    per-stage ms (draft, tree, verify, commit, host).
 5. tiny-code-sweep: the same budgets on the trained tiny-code pair (real acceptance), per-stage ms: where H200
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_stages import commit_of, committed_steps, run  # noqa: E402
+from gpu_stages import card_of, commit_of, committed_steps, compare_steps, run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # committed batch-1 qwen3-8b step costs (same command, 512/128 tokens), newest first: each mode is compared
@@ -153,20 +153,9 @@ def hybrid_shape_verdicts(measured: dict) -> dict:
 
 
 def regression_verdicts(measured: dict, baselines: list[Path]) -> dict:
-    """Each measured mode against its newest committed step: ratio, and whether it is within 3%."""
-    committed = committed_steps(baselines)
-    out = {}
-    for key, row in measured.get("engine", {}).items():
-        if key in committed:
-            before, source = committed[key]
-            ratio = row["ms_per_step"] / before
-            out[key] = {
-                "ms": row["ms_per_step"],
-                "committed_ms": before,
-                "committed_file": source,
-                **verdict(ratio, BARS["qwen3_8b_step_vs_committed"], at_least=False),
-            }
-    return out
+    """Each measured mode against its newest committed step on the same card: ratio, and whether it is within 3%."""
+    card = card_of(measured)
+    return compare_steps(measured, committed_steps(baselines, card), BARS["qwen3_8b_step_vs_committed"])
 
 
 def sweep_table(measured: dict) -> dict:

@@ -24,13 +24,15 @@ def commit_of(given: str | None) -> str:
         return "unknown"
 
 
-def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
-    """Run `command` with output to `log`, killed after `limit` seconds: (return code, seconds)."""
+def run(
+    command: list[str], log: Path, limit: float, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> tuple[int, float]:
+    """Run `command` in `cwd` with output to `log`, killed after `limit` seconds: (return code, seconds)."""
     started = time.monotonic()
     with log.open("w") as out:
         try:
             code = subprocess.run(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=limit
+                command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=limit
             ).returncode
         except subprocess.TimeoutExpired:
             out.write(f"\n[killed after {limit:.0f} s]\n")
@@ -38,11 +40,38 @@ def run(command: list[str], log: Path, limit: float) -> tuple[int, float]:
     return code, time.monotonic() - started
 
 
-def committed_steps(baselines: list[Path]) -> dict[str, tuple[float, str]]:
-    """{mode: (ms per step, file)} from the newest of `baselines` (newest first) that measured the mode."""
+def card_of(result: dict) -> str | None:
+    """The GPU a side-by-side result was measured on, as its JSON names it (None where it names none)."""
+    return result.get("machine", {}).get("gpu")
+
+
+def committed_steps(baselines: list[Path], card: str | None = None) -> dict[str, tuple[float, str]]:
+    """{mode: (ms per step, file)} from the newest of `baselines` (newest first) that measured the mode, among
+    those measured on `card` (all of them where `card` is None): one card's step says nothing of another's."""
     committed: dict[str, tuple[float, str]] = {}
     for path in baselines:
         if path.exists():
-            for key, row in json.loads(path.read_text())["engine"].items():
-                committed.setdefault(key, (row["ms_per_step"], path.name))
+            result = json.loads(path.read_text())
+            if card is None or card_of(result) == card:
+                for key, row in result["engine"].items():
+                    committed.setdefault(key, (row["ms_per_step"], path.name))
     return committed
+
+
+def compare_steps(measured: dict, before: dict[str, tuple[float, str]], at_most: float) -> dict:
+    """Each measured mode that `before` has: its step, the earlier step and its file, their ratio, and whether
+    the ratio is at most `at_most`."""
+    out = {}
+    for key, row in measured.get("engine", {}).items():
+        if key in before:
+            ms, source = before[key]
+            ratio = row["ms_per_step"] / ms
+            out[key] = {
+                "ms": row["ms_per_step"],
+                "committed_ms": ms,
+                "committed_file": source,
+                "ratio": ratio,
+                "bar": at_most,
+                "passed": ratio <= at_most,
+            }
+    return out
