@@ -1,14 +1,19 @@
-"""Tiny random target + drafter pairs built in a temporary directory, for the decoding tests."""
+"""Tiny random target + drafter pairs built in a temporary directory, for the decoding tests, and the exact
+three-token distribution and chi-square test that check sampling against it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from scipy.stats import chisquare
 from transformers import DeepseekV3Config, Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig
 
+from specdeploy.engine.decode import SamplingParams
 from specdeploy.engine.drafter import DFlashDrafter
 from specdeploy.engine.loading import save_drafter
+from specdeploy.engine.sampling import sampling_probs
+from specdeploy.engine.single_pass import target_pass
 
 HIDDEN = 32
 
@@ -116,3 +121,62 @@ def write_pair(
                 p.normal_(0, 0.2)
     save_drafter(drafter, draft_dir)
     return target_dir, draft_dir
+
+
+def exact_three_token_distribution(target, prompt, params):
+    """P(t1, t2, t3 | prompt) from the target alone, over every sequence of the (tiny) vocabulary."""
+    vocab, device = target.config.vocab_size, target.embed_tokens.weight.device
+
+    def probs(prefix):
+        ids, positions = torch.tensor([prefix], device=device), torch.arange(len(prefix), device=device)[None]
+        logits = target_pass(target, ids, positions)[0][0, -1]
+        return sampling_probs(logits, params)
+
+    table = {}
+    with torch.inference_mode():
+        p1 = probs(prompt)
+        for t1 in torch.nonzero(p1).flatten().tolist():
+            p2 = probs(prompt + [t1])
+            for t2 in torch.nonzero(p2).flatten().tolist():
+                p3 = probs(prompt + [t1, t2])
+                for t3 in torch.nonzero(p3).flatten().tolist():
+                    table[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    assert abs(sum(table.values()) - 1) < 1e-4 and len(table) <= vocab**3
+    return table
+
+
+def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams(**{**params.__dict__, "seed": seed})
+
+
+def sample_counts(decoder, prompt, params, runs):
+    counts = {}
+    for seed in range(runs):
+        tokens = tuple(decoder.generate(prompt, with_seed(params, seed)).token_ids)
+        counts[tokens] = counts.get(tokens, 0) + 1
+    return counts
+
+
+def chi_square_p(counts, table, runs):
+    """Goodness of fit, with cells of small expectation pooled so the chi-square approximation holds."""
+    assert set(counts) <= set(table), "sampled a sequence the target gives zero probability"
+    observed, expected, pool_o, pool_e = [], [], 0, 0.0
+    for key, p in table.items():
+        if p * runs >= 5:
+            observed.append(counts.get(key, 0))
+            expected.append(p * runs)
+        else:
+            pool_o, pool_e = pool_o + counts.get(key, 0), pool_e + p * runs
+    if pool_e > 0:
+        observed.append(pool_o)
+        expected.append(pool_e)
+    total = sum(expected)
+    return chisquare(observed, [e * runs / total for e in expected]).pvalue
+
+
+# the chi-square tests of lossless sampling: samples per test, and the sampling parameters they draw with
+RUNS = 1000
+SAMPLING = [
+    SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True),
+    SamplingParams(temperature=0.7, top_k=3, top_p=0.9, max_new_tokens=3, ignore_eos=True),
+]

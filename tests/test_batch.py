@@ -7,9 +7,16 @@ import time
 
 import pytest
 import torch
-from decode_helpers import target_config, write_pair
+from decode_helpers import (
+    RUNS,
+    SAMPLING,
+    chi_square_p,
+    exact_three_token_distribution,
+    target_config,
+    with_seed,
+    write_pair,
+)
 from hybrid_helpers import write_drafter, write_target
-from test_decode import RUNS, SAMPLING, chi_square_p, exact_three_token_distribution, with_seed
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
@@ -335,14 +342,15 @@ def test_seeded_samples_under_batching_equal_single_requests(pairs):
 @pytest.fixture(scope="module")
 def small_vocab_pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("small-batch")
-    made = {f: write_pair(root, f, vocab=6, block_size=4, logit_scale=3.0) for f in ("qwen3", "qwen3_next")}
+    families = ("qwen3", "deepseek_v3", "qwen3_next")
+    made = {f: write_pair(root, f, vocab=6, block_size=4, logit_scale=3.0) for f in families}
     return {family: (load_target(t), load_drafter(d)) for family, (t, d) in made.items()}
 
 
 @pytest.mark.parametrize(
     ("family", "mode", "budget"),
     [("qwen3", "dflash", None), ("qwen3", "ddtree", 8), ("qwen3", "ddtree", "changing"),
-     ("qwen3_next", "ddtree", 5), ("qwen3_next", "ddtree", 24), ("qwen3_next", "ddtree", 64)],
+     ("deepseek_v3", "ddtree", 8), ("qwen3_next", "ddtree", 5), ("qwen3_next", "ddtree", 24), ("qwen3_next", "ddtree", 64)],
 )  # fmt: skip
 def test_sampling_stays_lossless_under_batching(small_vocab_pairs, family, mode, budget):
     """The chi-square test of test_decode, with every sampled request sharing its steps with greedy and

@@ -7,15 +7,21 @@ import time
 
 import pytest
 import torch
-from decode_helpers import write_pair
-from scipy.stats import chisquare
+from decode_helpers import (
+    RUNS,
+    SAMPLING,
+    chi_square_p,
+    exact_three_token_distribution,
+    sample_counts,
+    with_seed,
+    write_pair,
+)
 from transformers import AutoModelForCausalLM
 
 from specdeploy.engine import step as step_module
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
-from specdeploy.engine.sampling import sample, sampling_probs
-from specdeploy.engine.single_pass import target_pass
+from specdeploy.engine.sampling import sample
 from specdeploy.engine.step import StepRunner
 from specdeploy.engine.tree import TreeBatch, ancestor_matrix, walk
 from specdeploy.errors import SpecdeployError
@@ -163,71 +169,19 @@ def test_long_accepted_paths_are_compacted_correctly(pairs, family):
     assert result.accept_lengths[:-1] == [7] * (result.num_steps - 1)
 
 
-def exact_three_token_distribution(target, prompt, params):
-    """P(t1, t2, t3 | prompt) from the target alone, over every sequence of the (tiny) vocabulary."""
-    vocab = target.config.vocab_size
-
-    def probs(prefix):
-        logits = target_pass(target, torch.tensor([prefix]), torch.arange(len(prefix))[None])[0][0, -1]
-        return sampling_probs(logits, params)
-
-    table = {}
-    with torch.inference_mode():
-        p1 = probs(prompt)
-        for t1 in torch.nonzero(p1).flatten().tolist():
-            p2 = probs(prompt + [t1])
-            for t2 in torch.nonzero(p2).flatten().tolist():
-                p3 = probs(prompt + [t1, t2])
-                for t3 in torch.nonzero(p3).flatten().tolist():
-                    table[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
-    assert abs(sum(table.values()) - 1) < 1e-4 and len(table) <= vocab**3
-    return table
-
-
-def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    return SamplingParams(**{**params.__dict__, "seed": seed})
-
-
-def sample_counts(decoder, prompt, params, runs):
-    counts = {}
-    for seed in range(runs):
-        tokens = tuple(decoder.generate(prompt, with_seed(params, seed)).token_ids)
-        counts[tokens] = counts.get(tokens, 0) + 1
-    return counts
-
-
-def chi_square_p(counts, table, runs):
-    """Goodness of fit, with cells of small expectation pooled so the chi-square approximation holds."""
-    assert set(counts) <= set(table), "sampled a sequence the target gives zero probability"
-    observed, expected, pool_o, pool_e = [], [], 0, 0.0
-    for key, p in table.items():
-        if p * runs >= 5:
-            observed.append(counts.get(key, 0))
-            expected.append(p * runs)
-        else:
-            pool_o, pool_e = pool_o + counts.get(key, 0), pool_e + p * runs
-    if pool_e > 0:
-        observed.append(pool_o)
-        expected.append(pool_e)
-    total = sum(expected)
-    return chisquare(observed, [e * runs / total for e in expected]).pvalue
+@pytest.fixture(scope="module")
+def small_vocab_pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small")
+    made = {f: write_pair(root, f, vocab=6, block_size=4, logit_scale=3.0) for f in ("qwen3", "deepseek_v3")}
+    return {family: (load_target(t), load_drafter(d)) for family, (t, d) in made.items()}
 
 
 @pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    target_dir, draft_dir = write_pair(
-        tmp_path_factory.mktemp("small"), "qwen3", vocab=6, block_size=4, logit_scale=3.0
-    )
-    return load_target(target_dir), load_drafter(draft_dir)
+def small_vocab_pair(small_vocab_pairs):
+    return small_vocab_pairs["qwen3"]
 
 
-RUNS = 1000
-SAMPLING = [
-    SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True),
-    SamplingParams(temperature=0.7, top_k=3, top_p=0.9, max_new_tokens=3, ignore_eos=True),
-]
-
-
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
 @pytest.mark.parametrize(
     "mode,budget,params",
     [
@@ -238,8 +192,8 @@ SAMPLING = [
     ],
     ids=["dflash-t1", "dflash-t0.7-topk3-topp0.9", "ddtree-t1", "ddtree-t0.7-topk3-topp0.9"],
 )
-def test_sampling_is_lossless(small_vocab_pair, mode, budget, params):
-    target, drafter = small_vocab_pair
+def test_sampling_is_lossless(small_vocab_pairs, family, mode, budget, params):
+    target, drafter = small_vocab_pairs[family]
     prompt = [1, 2, 3]
     decoder = Decoder(target, drafter, mode, budget)
     counts = sample_counts(decoder, prompt, params, RUNS)

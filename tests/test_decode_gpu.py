@@ -1,4 +1,5 @@
-"""Greedy equality on CUDA: exact in fp32, and in bf16 up to divergences the fp32 reference calls near-ties.
+"""Greedy equality on CUDA: exact in fp32, and in bf16 up to divergences the fp32 reference calls near-ties;
+and lossless sampling on CUDA through the MLA and MoE kernels (the chi-square test of test_decode).
 
 bf16 is not bitwise reproducible across shapes: verifying 17 tokens at once rounds differently from decoding
 one at a time, so two modes may pick different tokens where the target's top two logits are closer than
@@ -10,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decode_helpers import write_pair
+from decode_helpers import (
+    RUNS,
+    SAMPLING,
+    chi_square_p,
+    exact_three_token_distribution,
+    sample_counts,
+    with_seed,
+    write_pair,
+)
 
 from specdeploy.engine.decode import Decoder, SamplingParams
 from specdeploy.engine.loading import load_drafter, load_target
@@ -77,3 +86,27 @@ def test_bf16_cuda_modes_equal_ar_up_to_near_ties(pairs, family):
     print(
         f"{family}: bf16 max logit error {bf16_error:.4f}; {diverged}/{len(MODES)} modes diverged at near-ties"
     )
+
+
+@pytest.fixture(scope="module")
+def small_vocab_mla_pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-small")
+    made = {f: write_pair(root, f, vocab=6, block_size=4, logit_scale=3.0) for f in ("deepseek_v3", "kimi")}
+    return {family: load(pair, torch.float32) for family, pair in made.items()}
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi"])
+@pytest.mark.parametrize("mode,budget", [("dflash", None), ("ddtree", 8)], ids=["dflash", "ddtree-8"])
+def test_fp32_cuda_sampling_is_lossless(small_vocab_mla_pairs, family, mode, budget):
+    """Speculative samples at T > 0 (top-k and top-p) follow the target's own three-token distribution, with every
+    step through the CUDA path: absorbed MLA over the latent cache and the fused MoE kernels."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target, drafter = small_vocab_mla_pairs[family]
+    params, prompt = SAMPLING[1], [1, 2, 3]
+    decoder = Decoder(target, drafter, mode, budget)
+    counts = sample_counts(decoder, prompt, params, RUNS)
+    table = exact_three_token_distribution(target, prompt, params)
+    assert chi_square_p(counts, table, RUNS) > 1e-3
+    # the draft really was used: some steps committed more than the bonus token
+    seeds = (with_seed(params, seed) for seed in range(20))
+    assert any(n > 1 for seeded in seeds for n in decoder.generate(prompt, seeded).accept_lengths)
