@@ -180,3 +180,13 @@ SAMPLING = [
     SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True),
     SamplingParams(temperature=0.7, top_k=3, top_p=0.9, max_new_tokens=3, ignore_eos=True),
 ]
+
+
+def assert_sampling_is_lossless(decoder, target, prompt: list[int], params: SamplingParams) -> None:
+    """RUNS seeded samples of `decoder` pass the chi-square test against `target`'s exact three-token distribution,
+    and the draft really was used: some steps committed more than the bonus token."""
+    counts = sample_counts(decoder, prompt, params, RUNS)
+    table = exact_three_token_distribution(target, prompt, params)
+    assert chi_square_p(counts, table, RUNS) > 1e-3
+    seeds = (with_seed(params, seed) for seed in range(20))
+    assert any(n > 1 for seeded in seeds for n in decoder.generate(prompt, seeded).accept_lengths)

@@ -8,12 +8,11 @@ import time
 import pytest
 import torch
 from decode_helpers import (
-    RUNS,
     SAMPLING,
+    assert_sampling_is_lossless,
     chi_square_p,
     exact_three_token_distribution,
     sample_counts,
-    with_seed,
     write_pair,
 )
 from transformers import AutoModelForCausalLM
@@ -194,15 +193,7 @@ def small_vocab_pair(small_vocab_pairs):
 )
 def test_sampling_is_lossless(small_vocab_pairs, family, mode, budget, params):
     target, drafter = small_vocab_pairs[family]
-    prompt = [1, 2, 3]
-    decoder = Decoder(target, drafter, mode, budget)
-    counts = sample_counts(decoder, prompt, params, RUNS)
-    table = exact_three_token_distribution(target, prompt, params)
-    assert chi_square_p(counts, table, RUNS) > 1e-3
-    # the draft really was used: some steps committed more than the bonus token
-    assert any(
-        n > 1 for seed in range(20) for n in decoder.generate(prompt, with_seed(params, seed)).accept_lengths
-    )
+    assert_sampling_is_lossless(Decoder(target, drafter, mode, budget), target, [1, 2, 3], params)
 
 
 def test_the_chi_square_test_catches_a_lossy_acceptance_rule(small_vocab_pair, monkeypatch):
